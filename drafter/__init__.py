@@ -1,0 +1,1 @@
+"""hetero-specdecode drafter: proposes tokens locally, has them verified remotely."""

@@ -1,0 +1,115 @@
+"""`draft_token_generator`: drafts locally, verifies remotely, prints the verifier's text."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from drafter.errors import DrafterError
+from drafter.output import JsonRenderer, TextRenderer
+from drafter.runner import RunOptions, run
+from server import DEFAULT_DRAFTER_MODEL
+
+DEFAULT_SERVER = os.environ.get("DRAFTER_SERVER", "http://127.0.0.1:8000")
+
+
+class OutputFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+ServerOpt = Annotated[
+    str, typer.Option("--server", "--dgx", help="verifier base URL", envvar="DRAFTER_SERVER")
+]
+ModelOpt = Annotated[
+    Path,
+    typer.Option(
+        "--model", help="draft model GGUF (same vocabulary as the verifier)", envvar="DRAFTER_MODEL"
+    ),
+]
+PromptOpt = Annotated[str | None, typer.Option("--prompt", help="the prompt text")]
+DraftNOpt = Annotated[
+    int, typer.Option("--draft-n", min=0, max=256, help="tokens drafted per round (k)")
+]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", min=1, help="tokens to generate at most")
+]
+ChatOpt = Annotated[bool, typer.Option("--chat", help="apply the model's chat template")]
+SystemOpt = Annotated[str | None, typer.Option("--system", help="system message (with --chat)")]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", help="text (streamed) or json")]
+GpuLayersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--n-gpu-layers",
+        help="layers on the GPU (default: all where the build has Metal or CUDA, else 0)",
+    ),
+]
+ThreadsOpt = Annotated[
+    int, typer.Option("--threads", min=0, envvar="DRAFTER_THREADS", help="CPU threads (0 = all)")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.1, help="seconds per request")]
+BaselineOpt = Annotated[
+    bool, typer.Option("--baseline", help="also run the verifier alone and report the speedup")
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="llama.cpp's log on stderr")]
+
+app = typer.Typer(
+    add_completion=False,
+    help="Speculative decoding with a local draft model and a remote verifier.",
+)
+
+
+@app.callback(invoke_without_command=True)
+def generate(
+    ctx: typer.Context,
+    server: ServerOpt = DEFAULT_SERVER,
+    model: ModelOpt = DEFAULT_DRAFTER_MODEL,
+    prompt: PromptOpt = None,
+    draft_n: DraftNOpt = 4,
+    max_tokens: MaxTokensOpt = 80,
+    chat: ChatOpt = False,
+    system: SystemOpt = None,
+    output: OutputOpt = OutputFormat.text,
+    n_gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = 0,
+    timeout: TimeoutOpt = 60.0,
+    baseline: BaselineOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Generate a completion of --prompt, drafting locally and verifying on --server."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if prompt is None:
+        raise typer.BadParameter("a prompt is needed", param_hint="--prompt")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr)
+    options = RunOptions(
+        server=server,
+        model=model,
+        prompt=prompt,
+        chat=chat,
+        system=system,
+        draft_n=draft_n,
+        max_tokens=max_tokens,
+        n_gpu_layers=n_gpu_layers,
+        threads=threads,
+        timeout=timeout,
+        baseline=baseline,
+        verbose=verbose,
+    )
+    renderer = JsonRenderer() if output is OutputFormat.json else TextRenderer()
+    try:
+        run(options, renderer)
+    except DrafterError as exc:
+        Console(stderr=True, highlight=False).print(f"[bold red]error:[/bold red] {exc}")
+        raise typer.Exit(exc.exit_code) from None
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,146 @@
+"""Everything the CLI shows goes through one of these renderers."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from drafter.loop import RoundEvent, SpeculativeResult
+
+ACCEPTED_STYLE = "green"
+TARGET_STYLE = "bold yellow"
+
+
+@dataclass
+class BaselineResult:
+    tokens: list[int]
+    total_time_s: float
+    server_tokens_per_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.total_time_s if self.total_time_s > 0 else 0.0
+
+
+class TextDecoder:
+    """Token ids to text, incrementally: a UTF-8 character split across tokens waits."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes]):
+        self._token_bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, tokens: list[int]) -> str:
+        return self._utf8.decode(b"".join(self._token_bytes(t) for t in tokens))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def speedup(result: SpeculativeResult, baseline: BaselineResult) -> float:
+    base = baseline.tokens_per_s
+    return result.stats.tokens_per_s / base if base > 0 else 0.0
+
+
+class TextRenderer:
+    """Streams the answer; on a terminal, accepted drafts and target tokens differ in colour."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False)
+        self._decoder: TextDecoder | None = None
+        self._mid_text = False  # the answer is being streamed and its line is open
+
+    def status(self, message: str) -> None:
+        self._end_text()
+        self.err.print(f"[dim]{message}[/dim]")
+
+    def start(self, token_bytes: Callable[[int], bytes]) -> None:
+        self._decoder = TextDecoder(token_bytes)
+
+    def _end_text(self) -> None:
+        if self._mid_text:
+            self.console.print(self._decoder.flush())
+            self._mid_text = False
+
+    def round(self, event: RoundEvent) -> None:
+        text = Text()
+        text.append(self._decoder.feed(event.tokens[: event.accepted_prefix_len]), ACCEPTED_STYLE)
+        text.append(self._decoder.feed(event.tokens[event.accepted_prefix_len :]), TARGET_STYLE)
+        self.console.print(text, end="")
+        self._mid_text = True
+
+    def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None:
+        self._end_text()
+        self.console.print()
+        stats = result.stats
+        table = Table(title="speculative decoding", show_header=False, title_justify="left")
+        table.add_column("stat")
+        table.add_column("value", justify="right")
+        rows = [
+            ("prompt tokens", f"{stats.prompt_tokens}"),
+            ("generated tokens", f"{stats.generated_tokens} ({result.finish_reason})"),
+            ("rounds", f"{stats.rounds}"),
+            ("drafted", f"{stats.drafted}"),
+            ("accepted", f"{stats.accepted}"),
+            ("acceptance rate", f"{stats.acceptance_rate:.1%}"),
+            ("tokens per round", f"{stats.tokens_per_round:.2f}"),
+            ("total time", f"{stats.total_time_s:.3f} s"),
+            ("tokens/s", f"{stats.tokens_per_s:.1f}"),
+            ("bytes sent", f"{stats.bytes_sent:,}"),
+            ("bytes received", f"{stats.bytes_received:,}"),
+        ]
+        if baseline is not None:
+            same = baseline.tokens == result.tokens
+            rows += [
+                ("baseline tokens/s", f"{baseline.tokens_per_s:.1f} (verifier alone, /generate)"),
+                ("speedup (measured)", f"{speedup(result, baseline):.2f}x"),
+                ("same tokens as baseline", "yes" if same else "NO"),
+            ]
+        for row in rows:
+            table.add_row(*row)
+        self.console.print(table)
+
+
+class JsonRenderer:
+    """One JSON object on stdout at the end; progress, if any, on stderr."""
+
+    def __init__(self) -> None:
+        self._decoder: TextDecoder | None = None
+        self._text: list[str] = []
+
+    def status(self, message: str) -> None:
+        del message
+
+    def start(self, token_bytes: Callable[[int], bytes]) -> None:
+        self._decoder = TextDecoder(token_bytes)
+
+    def round(self, event: RoundEvent) -> None:
+        self._text.append(self._decoder.feed(event.tokens))
+
+    def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None:
+        self._text.append(self._decoder.flush())
+        out: dict[str, object] = {
+            "prompt_ids": result.prompt_ids,
+            "tokens": result.tokens,
+            "text": "".join(self._text),
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.as_dict(),
+        }
+        if baseline is not None:
+            out["baseline"] = {
+                "tokens": baseline.tokens,
+                "tokens_per_s": round(baseline.tokens_per_s, 4),
+                "server_tokens_per_s": baseline.server_tokens_per_s,
+                "total_time_s": round(baseline.total_time_s, 4),
+                "identical": baseline.tokens == result.tokens,
+            }
+            out["speedup"] = round(speedup(result, baseline), 4)
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()

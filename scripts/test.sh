@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up, lint, run every test. Arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+echo "[test] ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "[test] pytest"
+.venv/bin/python -m pytest "$@"

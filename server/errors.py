@@ -1,0 +1,104 @@
+"""Every error the verifier returns, and the one place they become HTTP responses.
+
+All of them share one body: {"error": {"code", "type", "message"}} (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status_code = 400
+    error_type = "invalid_request"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers
+
+
+class SessionNotFound(APIError):
+    status_code = 404
+    error_type = "session_not_found"
+
+
+class NPastMismatch(APIError):
+    status_code = 409
+    error_type = "n_past_mismatch"
+
+
+class InvalidToken(APIError):
+    error_type = "invalid_token"
+
+
+class DraftTooLong(APIError):
+    error_type = "draft_too_long"
+
+
+class ContextOverflow(APIError):
+    error_type = "context_overflow"
+
+
+class UnsupportedSampling(APIError):
+    error_type = "unsupported_sampling"
+
+
+class ModelNotReady(APIError):
+    status_code = 503
+    error_type = "model_loading"
+
+    def __init__(self, message: str = "the model is still loading"):
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
+class EngineFailure(APIError):
+    status_code = 503
+    error_type = "engine_busy"
+
+
+def error_response(
+    status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"code": status_code, "type": error_type, "message": message}}
+    return JSONResponse(body, status_code=status_code, headers=headers)
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[int, str, str]:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return 400, "malformed_json", "the request body is not valid JSON"
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return 422, "invalid_request", "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(*_describe_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = {404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error"
+        )
+        return error_response(exc.status_code, error_type, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,66 @@
+"""The target model alone, token by token: the honest baseline behind /generate.
+
+Each step is a verify round with an empty draft, so the baseline runs exactly the code
+path (and the numerics) the speculative rounds use, and other sessions' requests get
+the worker between its steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+from server.engine import Engine
+from server.protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    GenerateTimings,
+    PrefillRequest,
+    VerifyRequest,
+)
+from server.worker import ModelWorker
+
+
+async def generate(
+    engine: Engine, worker: ModelWorker, request: GenerateRequest
+) -> GenerateResponse:
+    began = time.perf_counter()
+    prefill = await worker.run(
+        engine.prefill,
+        PrefillRequest(
+            prompt=request.prompt,
+            prompt_tokens=request.prompt_tokens,
+            add_bos=request.add_bos,
+            sampling=request.sampling,
+        ),
+    )
+    prompt_done = time.perf_counter()
+    tokens: list[int] = []
+    eos = False
+    total_tokens = prefill.total_tokens
+    try:
+        while len(tokens) < request.max_tokens and total_tokens <= engine.n_ctx:
+            step = await worker.run(
+                engine.verify,
+                VerifyRequest(session_id=prefill.session_id, n_past=total_tokens),
+            )
+            tokens.extend(step.tokens)
+            total_tokens = step.total_tokens
+            if step.eos:
+                eos = True
+                break
+    finally:
+        await worker.run(engine.discard_session, prefill.session_id)
+    ended = time.perf_counter()
+    decode_s = ended - prompt_done
+    return GenerateResponse(
+        prompt_ids=prefill.prompt_ids,
+        tokens=tokens,
+        text=await worker.run(engine.detokenize, tokens),
+        eos=eos,
+        timings=GenerateTimings(
+            prompt_ms=round((prompt_done - began) * 1000.0, 3),
+            decode_ms=round(decode_s * 1000.0, 3),
+            total_ms=round((ended - began) * 1000.0, 3),
+            tokens_per_s=round(len(tokens) / decode_s, 3) if decode_s > 0 else 0.0,
+        ),
+    )

@@ -1,0 +1,145 @@
+"""Wire protocol v1: the pydantic models both sides speak (see DESIGN.md).
+
+Only token ids cross the wire. The drafter imports these models too, so a field
+changed here changes both ends at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROTOCOL_VERSION = 1
+
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+# Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
+MAX_DRAFT_SCHEMA = 256
+MAX_PROMPT_TOKENS_SCHEMA = 1 << 20
+
+
+class WireModel(BaseModel):
+    # Unknown fields are refused: a typo in a client must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingParams(WireModel):
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, le=1 << 20, description="0 = no top-k cut")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = no nucleus cut")
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class PromptInput(WireModel):
+    prompt: str | None = Field(None, max_length=4 << 20)
+    prompt_tokens: list[TokenId] | None = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)
+    add_bos: bool = Field(True, description="add BOS if the model's vocabulary asks for it")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> PromptInput:
+        if (self.prompt is None) == (self.prompt_tokens is None):
+            raise ValueError("give exactly one of 'prompt' or 'prompt_tokens'")
+        return self
+
+
+class PrefillRequest(PromptInput):
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class PrefillResponse(WireModel):
+    session_id: str
+    prompt_ids: list[int]
+    prompt_len: int
+    total_tokens: int
+
+
+class VerifyRequest(WireModel):
+    session_id: str = Field(min_length=1, max_length=128)
+    n_past: int = Field(ge=0, lt=2**31, description="tokens the drafter believes are committed")
+    draft_tokens: list[TokenId] = Field(default_factory=list, max_length=MAX_DRAFT_SCHEMA)
+    draft_probs: list[list[tuple[TokenId, float]]] | None = Field(None, max_length=MAX_DRAFT_SCHEMA)
+
+
+class RoundTimings(WireModel):
+    decode_ms: float = Field(description="time spent in llama_decode for this round")
+    decoded_tokens: int = Field(description="tokens evaluated for this round (k + 1)")
+
+
+class VerifyResponse(WireModel):
+    accepted_prefix_len: int
+    tokens: list[int] = Field(description="draft_tokens[:m] + one token chosen by the target")
+    preds: list[int] = Field(description="the target's argmax at each of the k+1 positions")
+    total_tokens: int
+    eos: bool
+    timings: RoundTimings
+
+
+class GenerateRequest(PromptInput):
+    max_tokens: int = Field(64, ge=1, le=1 << 20)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class GenerateTimings(WireModel):
+    prompt_ms: float
+    decode_ms: float
+    total_ms: float
+    tokens_per_s: float
+
+
+class GenerateResponse(WireModel):
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+    eos: bool
+    timings: GenerateTimings
+
+
+class InfoResponse(WireModel):
+    protocol_version: int = PROTOCOL_VERSION
+    model: str
+    model_path: str
+    quantization: str
+    n_vocab: int
+    n_ctx: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    vocab_hash: str
+    max_draft: int
+    max_sessions: int
+    flash_attn: bool
+
+
+class HealthResponse(WireModel):
+    status: Literal["ok", "loading", "error"]
+    detail: str | None = None
+
+
+class ErrorDetail(WireModel):
+    code: int
+    type: str
+    message: str
+
+
+class ErrorBody(WireModel):
+    error: ErrorDetail
+
+
+def vocab_fingerprint(pieces: Iterable[bytes]) -> str:
+    """Hash of a vocabulary: every token's raw text, in id order.
+
+    Both sides compute it the same way, so equal hashes mean the drafter's token ids
+    mean the same thing to the verifier.
+    """
+    digest = hashlib.sha256()
+    for token_id, piece in enumerate(pieces):
+        digest.update(token_id.to_bytes(4, "little"))
+        digest.update(len(piece).to_bytes(4, "little"))
+        digest.update(piece)
+    return digest.hexdigest()

@@ -1,0 +1,20 @@
+"""The verifier alone, for baselines and as a fallback."""
+
+from fastapi import APIRouter
+
+from server.errors import ContextOverflow
+from server.generation import generate as run_generation
+from server.protocol import GenerateRequest, GenerateResponse
+from server.state import EngineDep, StateDep
+
+router = APIRouter(tags=["generate"])
+
+
+@router.post("/generate", response_model=GenerateResponse)
+async def generate(
+    request: GenerateRequest, engine: EngineDep, state: StateDep
+) -> GenerateResponse:
+    limit = state.settings.max_generate_tokens
+    if request.max_tokens > limit:
+        raise ContextOverflow(f"max_tokens={request.max_tokens} exceeds this server's {limit}")
+    return await run_generation(engine, state.worker, request)

@@ -1,0 +1,35 @@
+"""Every verifier setting, read once from `VERIFIER_*` environment variables."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server import DEFAULT_VERIFIER_MODEL
+
+
+class VerifierSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VERIFIER_", extra="ignore")
+
+    model_path: Path = Field(DEFAULT_VERIFIER_MODEL, description="GGUF file of the target model")
+    n_ctx: int = Field(2048, ge=16, description="context length of each session, in tokens")
+    n_gpu_layers: int = Field(
+        0, ge=-1, description="layers offloaded to the GPU (-1 = all); 0 on a CPU-only build"
+    )
+    n_threads: int = Field(0, ge=0, description="CPU threads for decoding (0 = all cores)")
+    n_batch: int = Field(512, ge=16, description="largest number of tokens in one llama_decode")
+    max_sessions: int = Field(8, ge=1, le=256, description="sessions held at once (KV sequences)")
+    max_draft: int = Field(16, ge=0, le=256, description="longest draft accepted by /verify")
+    max_generate_tokens: int = Field(
+        2048, ge=1, description="upper bound on max_tokens for /generate"
+    )
+    # Batched and one-at-a-time decoding agree bit for bit only with flash attention on
+    # (see DESIGN.md, Numerics); turning it off breaks greedy losslessness.
+    flash_attn: bool = Field(True, description="use flash attention (needed for exactness)")
+    verbose: bool = Field(False, description="print llama.cpp's own log to stderr")
+
+
+@lru_cache
+def get_settings() -> VerifierSettings:
+    return VerifierSettings()

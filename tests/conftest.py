@@ -1,0 +1,161 @@
+"""Shared fixtures: the real model files, a real verifier on loopback, a reference decoder."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL, REPO_ROOT
+
+# Two cores here: one thread per model keeps a drafter and a verifier from fighting.
+TEST_THREADS = int(os.environ.get("TEST_THREADS", "1"))
+TEST_N_CTX = 1024
+
+
+def require_model(path: Path) -> Path:
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run ./scripts/setup.sh (it prepares the models)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def verifier_model() -> Path:
+    return require_model(DEFAULT_VERIFIER_MODEL)
+
+
+@pytest.fixture(scope="session")
+def drafter_model() -> Path:
+    return require_model(DEFAULT_DRAFTER_MODEL)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveVerifier:
+    """`uvicorn server.main:app` in a subprocess on 127.0.0.1."""
+
+    def __init__(self, env: dict[str, str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"verifier-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "server.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"verifier exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"verifier not ready in {timeout}s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def start_verifier(model: Path, **settings: object) -> LiveVerifier:
+    env = {
+        "VERIFIER_MODEL_PATH": str(model),
+        "VERIFIER_N_CTX": str(TEST_N_CTX),
+        "VERIFIER_N_THREADS": str(TEST_THREADS),
+        "VERIFIER_MAX_SESSIONS": "4",
+    }
+    env.update({f"VERIFIER_{k.upper()}": str(v) for k, v in settings.items()})
+    verifier = LiveVerifier(env)
+    try:
+        verifier.wait_ready()
+    except Exception:
+        verifier.stop()
+        raise
+    return verifier
+
+
+@pytest.fixture(scope="session")
+def live_verifier(verifier_model: Path) -> Iterator[LiveVerifier]:
+    verifier = start_verifier(verifier_model)
+    yield verifier
+    verifier.stop()
+
+
+class ReferenceDecoder:
+    """Greedy decoding with llama-cpp-python's high-level `Llama` and its own sampler.
+
+    Independent of the engine's code, but in the engine's configuration (flash attention
+    on, same n_batch): see DESIGN.md, Numerics.
+    """
+
+    def __init__(self, model: Path):
+        from llama_cpp import Llama
+
+        self.llm = Llama(
+            model_path=str(model),
+            n_ctx=TEST_N_CTX,
+            n_batch=512,
+            n_ubatch=512,
+            n_threads=TEST_THREADS,
+            n_threads_batch=TEST_THREADS,
+            flash_attn=True,
+            verbose=False,
+        )
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.eog_ids = {
+            t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)
+        }
+
+    def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        self.llm.reset()
+        self.llm.eval(prompt_ids)
+        out: list[int] = []
+        while len(out) < max_tokens:
+            token = self.llm.sample(temp=0.0)
+            out.append(token)
+            if token in self.eog_ids:
+                break
+            self.llm.eval([token])
+        return out
+
+
+@pytest.fixture(scope="session")
+def reference(verifier_model: Path) -> ReferenceDecoder:
+    return ReferenceDecoder(verifier_model)

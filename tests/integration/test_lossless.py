@@ -1,0 +1,174 @@
+"""Greedy losslessness end to end: real GGUF models, a real uvicorn on 127.0.0.1, the CLI.
+
+The drafter's tokens must equal the verifier decoding alone, checked two ways: the
+server's /generate, and llama-cpp-python's own greedy decoding of the verifier file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from drafter.cli import app
+from drafter.client import VerifierClient
+from drafter.loop import SpeculativeLoop
+from drafter.model import DraftModel
+from server import REPO_ROOT
+from server.protocol import PrefillRequest
+from tests.conftest import TEST_N_CTX, TEST_THREADS
+
+pytestmark = pytest.mark.integration
+
+NEW_TOKENS = 64
+
+# (name, prompt, --chat): plain and chat; code, prose, lists, explanations.
+PROMPTS = [
+    ("plain-prose", "The history of the printing press begins", False),
+    ("plain-code", "def quicksort(items):\n", False),
+    ("plain-list", "Ingredients for pancakes:\n1.", False),
+    ("plain-json", '{"name": "Ada Lovelace", "born":', False),
+    ("chat-code", "Write a Python function that checks whether a number is prime.", True),
+    ("chat-prose", "Describe a rainy afternoon in a small town.", True),
+    ("chat-list", "List five animals that live in the ocean.", True),
+    ("chat-explain", "Explain what a hash table is.", True),
+    ("chat-short", "Say yes.", True),
+]
+
+runner = CliRunner()
+
+
+def run_cli(url: str, prompt: str, chat: bool, draft_n: int, max_tokens: int) -> dict:
+    args = [
+        "--server",
+        url,
+        "--prompt",
+        prompt,
+        "--draft-n",
+        str(draft_n),
+        "--max-tokens",
+        str(max_tokens),
+        "--output",
+        "json",
+        "--threads",
+        str(TEST_THREADS),
+    ]
+    if chat:
+        args.append("--chat")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def eog_ids(reference) -> set[int]:
+    return reference.eog_ids
+
+
+@pytest.fixture(scope="module")
+def expected(live_verifier, reference):
+    """Per prompt: its ids, /generate's tokens and the independent reference's tokens."""
+    table = {}
+    for name, prompt, chat in PROMPTS:
+        out = run_cli(live_verifier.url, prompt, chat, draft_n=0, max_tokens=1)
+        prompt_ids = out["prompt_ids"]
+        generated = httpx.post(
+            f"{live_verifier.url}/generate",
+            json={"prompt_tokens": prompt_ids, "max_tokens": NEW_TOKENS},
+            timeout=120,
+        ).json()["tokens"]
+        table[name] = (prompt_ids, generated, reference.greedy(prompt_ids, NEW_TOKENS))
+    return table
+
+
+def test_generate_equals_the_independent_reference(expected):
+    for name, (_, generated, reference_tokens) in expected.items():
+        assert generated == reference_tokens, name
+
+
+@pytest.mark.parametrize("draft_n", [1, 4, 8])
+@pytest.mark.parametrize(("name", "prompt", "chat"), PROMPTS, ids=[p[0] for p in PROMPTS])
+def test_speculative_equals_verifier_alone(
+    live_verifier, expected, eog_ids, name, prompt, chat, draft_n
+):
+    prompt_ids, generated, reference_tokens = expected[name]
+    out = run_cli(live_verifier.url, prompt, chat, draft_n, NEW_TOKENS)
+    assert out["prompt_ids"] == prompt_ids
+    assert out["tokens"] == generated == reference_tokens
+    if out["tokens"][-1] in eog_ids:
+        assert out["finish_reason"] == "eos"
+        assert eog_ids.isdisjoint(out["tokens"][:-1])
+    else:
+        assert len(out["tokens"]) == NEW_TOKENS
+        assert out["finish_reason"] == "max_tokens"
+    stats = out["stats"]
+    assert stats["drafted"] <= draft_n * stats["rounds"]
+    assert stats["generated_tokens"] == stats["accepted"] + stats["rounds"]
+
+
+def test_some_prompts_end_with_eos_and_others_run_to_max_tokens(expected, eog_ids):
+    endings = {name: tokens[-1] in eog_ids for name, (_, tokens, _) in expected.items()}
+    assert any(endings.values()) and not all(endings.values()), endings
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 9])
+def test_max_tokens_is_met_exactly(live_verifier, expected, max_tokens):
+    _, generated, _ = expected["plain-prose"]
+    out = run_cli(live_verifier.url, PROMPTS[0][1], False, 8, max_tokens)
+    assert out["tokens"] == generated[:max_tokens]
+
+
+def test_drafter_evaluates_only_new_tokens(live_verifier, drafter_model):
+    """After the first round the drafter evaluates at most k + 1 tokens per round (the
+    target's token, maybe the last draft, and k - 1 new drafts), at any context length."""
+    draft_n = 4
+    with VerifierClient(live_verifier.url) as client:
+        model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+        try:
+            for words in (4, 600):
+                loop = SpeculativeLoop(model, client, draft_n=draft_n, n_ctx=TEST_N_CTX)
+                request = PrefillRequest(prompt=" ".join(["apple"] * words) + " banana")
+                per_round = []
+                before = model.decoded_tokens
+                for _ in loop.run(request, 40):
+                    per_round.append(model.decoded_tokens - before)
+                    before = model.decoded_tokens
+                prompt_len = loop.result.stats.prompt_tokens
+                assert prompt_len > words
+                assert per_round[0] <= prompt_len + draft_n
+                assert max(per_round[1:]) <= draft_n + 1
+        finally:
+            model.close()
+
+
+def test_console_script_streams_text_and_stats(live_verifier):
+    script = Path(sys.executable).parent / "draft_token_generator"
+    env = {**os.environ, "DRAFTER_SERVER": live_verifier.url}
+    completed = subprocess.run(
+        [
+            str(script),
+            "--prompt",
+            PROMPTS[1][1],
+            "--max-tokens",
+            "24",
+            "--threads",
+            str(TEST_THREADS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    assert completed.returncode == 0, completed.stderr
+    text = httpx.post(
+        f"{live_verifier.url}/generate", json={"prompt": PROMPTS[1][1], "max_tokens": 24}
+    ).json()["text"]
+    assert completed.stdout.startswith(text)
+    assert "tokens per round" in completed.stdout

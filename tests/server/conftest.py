@@ -1,0 +1,39 @@
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.main import create_app
+from server.settings import VerifierSettings
+from tests.conftest import TEST_N_CTX, TEST_THREADS
+
+MAX_DRAFT = 8
+
+
+def wait_healthy(client: TestClient, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.get("/health").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"verifier not healthy: {client.get('/health').json()}")
+
+
+@pytest.fixture(scope="module")
+def client(verifier_model) -> Iterator[TestClient]:
+    settings = VerifierSettings(
+        model_path=verifier_model,
+        n_ctx=TEST_N_CTX,
+        n_threads=TEST_THREADS,
+        max_sessions=4,
+        max_draft=MAX_DRAFT,
+    )
+    with TestClient(create_app(settings)) as test_client:
+        wait_healthy(test_client)
+        yield test_client
+
+
+@pytest.fixture
+def engine(client):
+    return client.app.state.verifier.engine

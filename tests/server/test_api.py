@@ -1,0 +1,281 @@
+"""The verifier's HTTP API on the real Q8_0 model, through FastAPI's TestClient."""
+
+import pytest
+
+from tests.server.conftest import MAX_DRAFT
+
+PROMPT = "The three primary colours are"
+
+
+def assert_error(response, status: int, error_type: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "type", "message"}
+    assert body["error"]["code"] == status
+    assert body["error"]["type"] == error_type
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def prefill(client, **payload) -> dict:
+    response = client.post("/prefill", json=payload or {"prompt": PROMPT})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def verify(client, session: dict, n_past: int, draft: list[int]) -> dict:
+    response = client.post(
+        "/verify",
+        json={"session_id": session["session_id"], "n_past": n_past, "draft_tokens": draft},
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def generate(client, max_tokens: int, **prompt) -> list[int]:
+    response = client.post(
+        "/generate", json={**(prompt or {"prompt": PROMPT}), "max_tokens": max_tokens}
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["tokens"]
+
+
+def test_health_and_info(client, verifier_model):
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["n_vocab"] == 49152
+    assert info["quantization"] == "Q8_0"
+    assert info["max_draft"] == MAX_DRAFT
+    assert info["max_sessions"] == 4
+    assert info["flash_attn"] is True
+    assert len(info["vocab_hash"]) == 64
+    assert info["model_path"] == str(verifier_model)
+
+
+def test_prefill_returns_the_prompt_ids(client):
+    session = prefill(client)
+    assert session["prompt_len"] == len(session["prompt_ids"]) == session["total_tokens"]
+    by_ids = prefill(client, prompt_tokens=session["prompt_ids"])
+    assert by_ids["prompt_ids"] == session["prompt_ids"]
+
+
+def test_generate_returns_tokens_text_and_timings(client):
+    response = client.post("/generate", json={"prompt": PROMPT, "max_tokens": 12})
+    body = response.json()
+    assert len(body["tokens"]) == 12
+    assert body["text"].strip()
+    assert set(body["timings"]) == {"prompt_ms", "decode_ms", "total_ms", "tokens_per_s"}
+    assert body["timings"]["tokens_per_s"] > 0
+
+
+def test_verify_accepts_the_target_continuation(client):
+    expected = generate(client, 9)
+    session = prefill(client)
+    n_past = session["total_tokens"]
+    result = verify(client, session, n_past, expected[:8])
+    assert result["accepted_prefix_len"] == 8
+    assert result["tokens"] == expected[:9]  # 8 accepted drafts plus the bonus token
+    assert result["preds"] == expected[:9]
+    assert result["total_tokens"] == n_past + 9
+    assert result["eos"] is False
+    assert result["timings"]["decoded_tokens"] == 9
+
+
+def test_verify_corrects_a_wrong_draft_and_trims_it(client):
+    expected = generate(client, 12)
+    session = prefill(client)
+    n_past = session["total_tokens"]
+    wrong = (expected[2] + 1) % 49152
+    first = verify(client, session, n_past, [expected[0], expected[1], wrong, 17])
+    assert first["accepted_prefix_len"] == 2
+    assert first["tokens"] == expected[:3]
+    # The rejected drafts left no trace: the rest still equals the verifier alone.
+    n_past = first["total_tokens"]
+    rest = []
+    while len(rest) < 9:
+        step = verify(client, session, n_past, [])
+        rest += step["tokens"]
+        n_past = step["total_tokens"]
+    assert expected[:3] + rest == expected
+
+
+def test_accepted_eos_draft_commits_nothing_after_it(client, engine):
+    prompt = {"prompt": "<|im_start|>user\nSay yes.<|im_end|>\n<|im_start|>assistant\n"}
+    expected = generate(client, 40, **prompt)
+    assert engine.runtime.is_eog(expected[-1]), "the prompt should end with EOS"
+    session = prefill(client, **prompt)
+    n_past = session["total_tokens"]
+    committed = []
+    while len(committed) < len(expected) - 3:  # get to three tokens before the EOS
+        end = min(len(committed) + MAX_DRAFT, len(expected) - 4)
+        step = verify(client, session, n_past, expected[len(committed) : end])
+        committed += step["tokens"]
+        n_past = step["total_tokens"]
+    assert committed == expected[: len(committed)]
+    tail = expected[len(committed) :]
+    draft = [*tail, 11, 12, 13]  # EOS among the drafts, garbage after it
+    result = verify(client, session, n_past, draft)
+    assert result["tokens"] == tail
+    assert result["accepted_prefix_len"] == len(tail) - 1
+    assert result["eos"] is True
+    assert result["total_tokens"] == n_past + len(tail)
+    state = engine.session(session["session_id"])
+    assert state.tokens[session["prompt_len"] :] == expected
+
+
+def test_a_round_decodes_only_pending_and_draft_at_any_context_length(client, engine):
+    for words in (3, 150, 700):
+        session = prefill(client, prompt=" ".join(["word"] * words))
+        state = engine.session(session["session_id"])
+        assert state.decoded_tokens == session["prompt_len"] - 1
+        n_past = session["total_tokens"]
+        for draft in ([], [5, 6, 7, 8], [9] * MAX_DRAFT):
+            before = engine.runtime.decoded_tokens_total
+            result = verify(client, session, n_past, draft)
+            assert engine.runtime.decoded_tokens_total - before == len(draft) + 1
+            assert result["timings"]["decoded_tokens"] == len(draft) + 1
+            n_past = result["total_tokens"]
+        client.delete(f"/sessions/{session['session_id']}")
+
+
+def test_two_interleaved_sessions_equal_each_alone(client):
+    prompt_b = {"prompt": "def add(a, b):"}
+    alone_a = generate(client, 24)
+    alone_b = generate(client, 24, **prompt_b)
+    a, b = prefill(client), prefill(client, **prompt_b)
+    out = {"a": [], "b": []}
+    past = {"a": a["total_tokens"], "b": b["total_tokens"]}
+    sessions = {"a": a, "b": b}
+    drafts = {"a": alone_a, "b": alone_b}
+    while len(out["a"]) < 24 or len(out["b"]) < 24:
+        for name in ("a", "b"):
+            if len(out[name]) >= 24:
+                continue
+            # Alternate a correct draft, a wrong one and none, so trims interleave too.
+            done = len(out[name])
+            draft = drafts[name][done : done + 3] if done % 2 == 0 else [7, 7]
+            result = verify(client, sessions[name], past[name], draft[: 23 - done])
+            out[name] += result["tokens"]
+            past[name] = result["total_tokens"]
+    assert out["a"][:24] == alone_a
+    assert out["b"][:24] == alone_b
+
+
+def test_n_past_mismatch_is_409_and_changes_nothing(client, engine):
+    session = prefill(client)
+    n_past = session["total_tokens"]
+    state = engine.session(session["session_id"])
+    before = list(state.tokens)
+    response = client.post(
+        "/verify",
+        json={"session_id": session["session_id"], "n_past": n_past + 1, "draft_tokens": [1]},
+    )
+    error = assert_error(response, 409, "n_past_mismatch")
+    assert f"total_tokens={n_past}" in error["message"]
+    assert state.tokens == before
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "error_type"),
+    [
+        ({"n_past": "PAST", "draft_tokens": [49152]}, 400, "invalid_token"),
+        ({"n_past": "PAST", "draft_tokens": [1] * (MAX_DRAFT + 1)}, 400, "draft_too_long"),
+        ({"n_past": "PAST", "draft_tokens": [-1]}, 422, "invalid_request"),
+        ({"n_past": "PAST", "draft_tokens": "abc"}, 422, "invalid_request"),
+        ({"n_past": "PAST", "bogus": 1}, 422, "invalid_request"),
+        ({"n_past": -3}, 422, "invalid_request"),
+    ],
+)
+def test_bad_verify_input_leaves_the_session_intact(client, engine, payload, status, error_type):
+    session = prefill(client)
+    n_past = session["total_tokens"]
+    body = {"session_id": session["session_id"], **payload}
+    if body.get("n_past") == "PAST":
+        body["n_past"] = n_past
+    assert_error(client.post("/verify", json=body), status, error_type)
+    # The session still decodes exactly as the verifier alone.
+    expected = generate(client, 4)
+    got = []
+    while len(got) < 4:
+        step = verify(client, session, n_past, [])
+        got += step["tokens"]
+        n_past = step["total_tokens"]
+    assert got == expected
+
+
+def test_unknown_and_deleted_sessions_are_404(client):
+    assert_error(
+        client.post("/verify", json={"session_id": "nope", "n_past": 1}), 404, "session_not_found"
+    )
+    session = prefill(client)
+    assert client.delete(f"/sessions/{session['session_id']}").status_code == 204
+    assert_error(client.delete(f"/sessions/{session['session_id']}"), 404, "session_not_found")
+    assert_error(
+        client.post(
+            "/verify", json={"session_id": session["session_id"], "n_past": session["total_tokens"]}
+        ),
+        404,
+        "session_not_found",
+    )
+
+
+def test_context_overflow(client):
+    info = client.get("/info").json()
+    too_long = {"prompt_tokens": [42] * info["n_ctx"]}
+    assert_error(client.post("/prefill", json=too_long), 400, "context_overflow")
+    session = prefill(client, prompt_tokens=[42] * (info["n_ctx"] - 2))
+    n_past = session["total_tokens"]
+    over = client.post(
+        "/verify",
+        json={"session_id": session["session_id"], "n_past": n_past, "draft_tokens": [1, 2, 3]},
+    )
+    assert_error(over, 400, "context_overflow")
+    fits = verify(client, session, n_past, [1, 2])  # n_past + k == n_ctx: the last round
+    assert fits["total_tokens"] <= info["n_ctx"] + 1
+
+
+def test_malformed_json_and_empty_prompt(client):
+    response = client.post(
+        "/prefill", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert_error(response, 400, "malformed_json")
+    assert_error(
+        client.post("/prefill", json={"prompt": "", "add_bos": False}), 400, "context_overflow"
+    )
+    assert_error(client.post("/prefill", json={}), 422, "invalid_request")
+    assert_error(client.post("/prefill", json={"prompt_tokens": [49152]}), 400, "invalid_token")
+    assert_error(
+        client.post("/prefill", json={"prompt": "x", "sampling": {"temperature": 0.7}}),
+        400,
+        "unsupported_sampling",
+    )
+
+
+def test_unknown_route_has_the_error_body(client):
+    assert_error(client.get("/nope"), 404, "not_found")
+    assert_error(client.get("/prefill"), 405, "method_not_allowed")
+
+
+def test_sessions_beyond_capacity_evict_the_least_recently_used(client, engine):
+    sessions = [prefill(client) for _ in range(engine.max_sessions + 1)]
+    assert engine.session_count == engine.max_sessions
+    first = sessions[0]
+    assert_error(
+        client.post(
+            "/verify", json={"session_id": first["session_id"], "n_past": first["total_tokens"]}
+        ),
+        404,
+        "session_not_found",
+    )
+    for session in sessions[1:]:
+        client.delete(f"/sessions/{session['session_id']}")
+
+
+def test_metrics_count_rounds(client):
+    session = prefill(client)
+    verify(client, session, session["total_tokens"], [1, 2])
+    text = client.get("/metrics").text
+    assert "verifier_drafted_tokens_total" in text
+    assert 'verifier_requests_total{endpoint="/verify",status="200"}' in text
+    assert "verifier_verify_decode_seconds_bucket" in text

@@ -1,0 +1,185 @@
+"""The speculative loop against a fake verifier and fake drafters (no model, no HTTP)."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from drafter.loop import SpeculativeLoop
+from server.acceptance import accept_greedy
+from server.protocol import (
+    PrefillRequest,
+    PrefillResponse,
+    RoundTimings,
+    VerifyRequest,
+    VerifyResponse,
+)
+
+EOS = 0
+
+
+def target_next(committed: Sequence[int]) -> int:
+    """A deterministic stand-in for the verifier's argmax."""
+    return (committed[-1] * 7 + len(committed) * 3) % 50 + 1
+
+
+class FakeVerifier:
+    def __init__(self, eos_at: int | None = None, n_ctx: int = 10_000):
+        self.committed: list[int] = []
+        self.eos_at = eos_at  # generated-token index where the target says EOS
+        self.n_ctx = n_ctx
+        self.bytes_sent = self.bytes_received = 0
+        self.deleted: list[str] = []
+        self.rounds: list[int] = []
+        self.prompt_len = 0
+
+    def target(self, committed: Sequence[int]) -> int:
+        if self.eos_at is not None and len(committed) - self.prompt_len == self.eos_at:
+            return EOS
+        return target_next(committed)
+
+    def prefill(self, request: PrefillRequest) -> PrefillResponse:
+        self.committed = list(request.prompt_tokens)
+        self.prompt_len = len(self.committed)
+        self.bytes_sent += 100
+        return PrefillResponse(
+            session_id="s1",
+            prompt_ids=self.committed,
+            prompt_len=len(self.committed),
+            total_tokens=len(self.committed),
+        )
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        assert request.n_past == len(self.committed), "drafter lost track of n_past"
+        assert len(self.committed) + len(request.draft_tokens) <= self.n_ctx
+        draft = request.draft_tokens
+        targets = [self.target(self.committed + draft[:i]) for i in range(len(draft) + 1)]
+        verdict = accept_greedy(draft, targets, lambda t: t == EOS)
+        self.committed += verdict.tokens
+        self.rounds.append(len(draft))
+        self.bytes_sent += 10
+        self.bytes_received += 20
+        return VerifyResponse(
+            accepted_prefix_len=verdict.accepted_prefix_len,
+            tokens=verdict.tokens,
+            preds=targets,
+            total_tokens=len(self.committed),
+            eos=verdict.eos,
+            timings=RoundTimings(decode_ms=0.0, decoded_tokens=len(draft) + 1),
+        )
+
+    def delete_session(self, session_id: str) -> None:
+        self.deleted.append(session_id)
+
+
+class NoisyDrafter:
+    """Proposes the target's tokens but gets every `wrong_every`-th draft wrong."""
+
+    def __init__(self, verifier: FakeVerifier, wrong_every: int):
+        self.verifier = verifier
+        self.wrong_every = wrong_every
+        self.calls = 0
+        self.updates: list[tuple[list[int], int]] = []
+
+    def get_candidates(self, committed: Sequence[int], k: int) -> list[int]:
+        draft: list[int] = []
+        context = list(committed)
+        for _ in range(k):
+            self.calls += 1
+            token = self.verifier.target(context)
+            if self.calls % self.wrong_every == 0:
+                token = token + 100
+            draft.append(token)
+            context.append(token)
+        return draft
+
+    def update_candidate_strategy(self, draft_tokens, accepted_prefix_len) -> None:
+        self.updates.append((list(draft_tokens), accepted_prefix_len))
+
+
+def target_alone(prompt: list[int], n: int, verifier: FakeVerifier) -> list[int]:
+    verifier.prompt_len = len(prompt)
+    committed = list(prompt)
+    for _ in range(n):
+        token = verifier.target(committed)
+        committed.append(token)
+        if token == EOS:
+            break
+    return committed[len(prompt) :]
+
+
+def run(loop: SpeculativeLoop, prompt: list[int], max_tokens: int):
+    events = list(loop.run(PrefillRequest(prompt_tokens=prompt), max_tokens))
+    return events, loop.result
+
+
+@pytest.mark.parametrize("draft_n", [0, 1, 3, 4, 8])
+@pytest.mark.parametrize("wrong_every", [1, 2, 5, 1000])
+def test_output_equals_target_alone(draft_n, wrong_every):
+    verifier = FakeVerifier()
+    drafter = NoisyDrafter(verifier, wrong_every)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=draft_n, n_ctx=10_000)
+    events, result = run(loop, [5, 6, 7], 37)
+    assert result.tokens == target_alone([5, 6, 7], 37, FakeVerifier())
+    assert len(result.tokens) == 37
+    assert result.finish_reason == "max_tokens"
+    assert sum(len(e.tokens) for e in events) == 37
+    assert result.stats.rounds == len(events)
+    assert result.stats.drafted == sum(len(e.draft_tokens) for e in events)
+    assert result.stats.accepted == sum(e.accepted_prefix_len for e in events)
+    assert verifier.deleted == ["s1"]
+    assert len(drafter.updates) == len(events)
+
+
+def test_perfect_drafter_commits_k_plus_one_per_round():
+    verifier = FakeVerifier()
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 10**9), verifier, draft_n=4, n_ctx=10_000)
+    events, result = run(loop, [1], 20)
+    assert [len(e.tokens) for e in events] == [5, 5, 5, 5]
+    assert result.stats.acceptance_rate == 1.0
+    assert result.stats.tokens_per_round == 5.0
+
+
+def test_last_round_drafts_only_what_is_still_wanted():
+    verifier = FakeVerifier()
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 10**9), verifier, draft_n=8, n_ctx=10_000)
+    _, result = run(loop, [1], 12)
+    assert verifier.rounds == [8, 2]  # 9 tokens, then 3: exactly 12
+    assert len(result.tokens) == 12
+
+
+def test_eos_stops_generation():
+    verifier = FakeVerifier(eos_at=6)
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 3), verifier, draft_n=4, n_ctx=10_000)
+    events, result = run(loop, [9, 9], 50)
+    assert result.finish_reason == "eos"
+    assert result.tokens[-1] == EOS
+    assert len(result.tokens) == 7
+    assert events[-1].eos
+
+
+def test_context_limit_caps_drafts_and_stops_cleanly():
+    verifier = FakeVerifier(n_ctx=20)
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 10**9), verifier, draft_n=4, n_ctx=20)
+    _, result = run(loop, [1, 2, 3], 100)
+    assert result.finish_reason == "context_full"
+    assert len(verifier.committed) == 21  # the KV cache holds 20: every position used
+    assert result.tokens == target_alone([1, 2, 3], 18, FakeVerifier())
+
+
+def test_stats_count_bytes_of_this_generation_only():
+    verifier = FakeVerifier()
+    verifier.bytes_sent, verifier.bytes_received = 1000, 2000
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 2), verifier, draft_n=2, n_ctx=10_000)
+    _, result = run(loop, [1], 6)
+    assert result.stats.bytes_sent == 100 + 10 * result.stats.rounds
+    assert result.stats.bytes_received == 20 * result.stats.rounds
+    assert result.stats.total_time_s > 0
+
+
+def test_session_is_closed_when_the_caller_stops_early():
+    verifier = FakeVerifier()
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 2), verifier, draft_n=2, n_ctx=10_000)
+    rounds = loop.run(PrefillRequest(prompt_tokens=[1]), 50)
+    next(rounds)
+    rounds.close()
+    assert verifier.deleted == ["s1"]

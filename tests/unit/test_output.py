@@ -1,0 +1,52 @@
+import json
+
+from drafter.loop import RoundEvent, SpeculativeResult
+from drafter.output import BaselineResult, JsonRenderer, TextDecoder, speedup
+from drafter.stats import STATS_KEYS, GenerationStats
+
+PIECES = {1: b"h", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b" ok"}
+
+
+def test_decoder_holds_a_character_split_across_tokens():
+    decoder = TextDecoder(PIECES.__getitem__)
+    assert decoder.feed([1, 2]) == "h"
+    assert decoder.feed([3, 4]) == "é ok"
+    assert decoder.flush() == ""
+
+
+def test_stats_derive_rates():
+    stats = GenerationStats(
+        generated_tokens=30, rounds=10, drafted=40, accepted=20, total_time_s=2.0
+    )
+    assert stats.acceptance_rate == 0.5
+    assert stats.tokens_per_round == 3.0
+    assert stats.tokens_per_s == 15.0
+    assert tuple(stats.as_dict()) == STATS_KEYS
+    assert GenerationStats().acceptance_rate == 0.0
+
+
+def test_speedup_is_the_ratio_of_measured_rates():
+    result = SpeculativeResult(stats=GenerationStats(generated_tokens=20, total_time_s=1.0))
+    assert (
+        speedup(result, BaselineResult(tokens=[0] * 10, total_time_s=1.0, server_tokens_per_s=11.0))
+        == 2.0
+    )
+
+
+def test_json_renderer_prints_one_object(capsys):
+    renderer = JsonRenderer()
+    renderer.start(PIECES.__getitem__)
+    renderer.round(
+        RoundEvent(draft_tokens=[1, 2], accepted_prefix_len=2, tokens=[1, 2, 3], eos=False)
+    )
+    result = SpeculativeResult(
+        prompt_ids=[7],
+        tokens=[1, 2, 3],
+        finish_reason="max_tokens",
+        stats=GenerationStats(generated_tokens=3, rounds=1),
+    )
+    renderer.finish(result, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "hé"
+    assert out["tokens"] == [1, 2, 3]
+    assert set(out["stats"]) == set(STATS_KEYS)
