@@ -10,14 +10,23 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from drafter.errors import DrafterError
 from drafter.output import JsonRenderer, TextRenderer
 from drafter.runner import RunOptions, run
 from server import DEFAULT_DRAFTER_MODEL
+from server.protocol import SamplingParams
 
 DEFAULT_SERVER = os.environ.get("DRAFTER_SERVER", "http://127.0.0.1:8000")
+
+
+class StrategyChoice(StrEnum):
+    greedy = "greedy"
+    rejection = "rejection"
+    match = "match"
+    threshold = "threshold"
 
 
 class OutputFormat(StrEnum):
@@ -58,6 +67,23 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.1, help="seconds p
 BaselineOpt = Annotated[
     bool, typer.Option("--baseline", help="also run the verifier alone and report the speedup")
 ]
+TemperatureOpt = Annotated[
+    float, typer.Option("--temperature", min=0.0, help="0 = greedy (exact, the default)")
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="keep the k most likely (0 = off)")]
+TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="nucleus mass (1 = off)")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", min=0, help="same seed, same output")]
+StrategyOpt = Annotated[
+    StrategyChoice | None,
+    typer.Option(
+        "--strategy",
+        help="greedy | rejection (default when sampling) | match | threshold (lossy)",
+    ),
+]
+ThresholdOpt = Annotated[
+    float | None,
+    typer.Option("--threshold", min=0.0, max=1.0, help="with --strategy threshold"),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="llama.cpp's log on stderr")]
 
 app = typer.Typer(
@@ -81,6 +107,12 @@ def generate(
     threads: ThreadsOpt = 0,
     timeout: TimeoutOpt = 60.0,
     baseline: BaselineOpt = False,
+    temperature: TemperatureOpt = 0.0,
+    top_k: TopKOpt = 0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = None,
+    strategy: StrategyOpt = None,
+    threshold: ThresholdOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate a completion of --prompt, drafting locally and verifying on --server."""
@@ -89,7 +121,14 @@ def generate(
     if prompt is None:
         raise typer.BadParameter("a prompt is needed", param_hint="--prompt")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr)
+    try:
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"]) from None
     options = RunOptions(
+        sampling=sampling,
+        strategy=strategy.value if strategy else None,
+        threshold=threshold,
         server=server,
         model=model,
         prompt=prompt,

@@ -13,14 +13,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
+
 from drafter.stats import GenerationStats
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
+from server.sampling import sparse
 
 FinishReason = Literal["eos", "max_tokens", "context_full"]
 
 
+class Draft(Protocol):
+    tokens: list[int]
+    probs: Sequence[np.ndarray] | None  # q per position, sent when drafts were sampled
+
+
 class CandidateGenerator(Protocol):
-    def get_candidates(self, committed: Sequence[int], k: int) -> list[int]: ...
+    def get_candidates(self, committed: Sequence[int], k: int) -> Draft: ...
 
     def update_candidate_strategy(
         self, draft_tokens: Sequence[int], accepted_prefix_len: int
@@ -51,6 +59,8 @@ class SpeculativeResult:
     prompt_ids: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # generated, the prompt excluded
     finish_reason: FinishReason | None = None
+    strategy: str = "greedy"
+    lossless: bool = True
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
@@ -79,6 +89,7 @@ class SpeculativeLoop:
         began = time.perf_counter()
         opened = self.verifier.prefill(prefill)
         result.prompt_ids = list(opened.prompt_ids)
+        result.strategy, result.lossless = opened.strategy, opened.lossless
         stats.prompt_tokens = opened.prompt_len
         committed = list(opened.prompt_ids)
         try:
@@ -93,12 +104,16 @@ class SpeculativeLoop:
                     break
                 # A round commits at most k + 1 tokens: never more than asked for.
                 k = min(self.draft_n, remaining - 1, room)
-                draft_tokens = self.drafter.get_candidates(committed, k)
+                draft = self.drafter.get_candidates(committed, k)
+                draft_tokens = list(draft.tokens)
                 verdict = self.verifier.verify(
                     VerifyRequest(
                         session_id=opened.session_id,
                         n_past=len(committed),
                         draft_tokens=draft_tokens,
+                        draft_probs=None
+                        if draft.probs is None
+                        else [sparse(q) for q in draft.probs],
                     )
                 )
                 committed.extend(verdict.tokens)

@@ -10,15 +10,37 @@ evaluated.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from drafter.errors import DraftModelError
-from server.protocol import vocab_fingerprint
+from server.protocol import SamplingParams, vocab_fingerprint
 from server.runtime import BatchEntry, LlamaRuntime, RuntimeError_, supports_gpu_offload
+from server.sampling import cap_support, probabilities, sample
 
 SEQ_ID = 0
+# Most tokens of q sent per draft position. Without top-k, q's support is the whole
+# vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
+# exactly that cut q, which keeps rejection sampling lossless (server/sampling.py).
+MAX_Q_SUPPORT = 32
+
+
+@dataclass
+class DraftPolicy:
+    """How drafts are chosen: the argmax, or draws from q (what rejection sampling needs)."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sample_drafts: bool = False
+    seed: int | None = None
+    max_support: int = MAX_Q_SUPPORT
+
+
+class Draft(NamedTuple):
+    tokens: list[int]
+    probs: list[np.ndarray] | None  # q per position (dense), when drafts were sampled
 
 
 def default_gpu_layers() -> int:
@@ -52,6 +74,11 @@ class DraftModel:
         self._cached: list[int] = []  # tokens whose KV entries are in the cache
         self._last_logits: np.ndarray | None = None
         self.decoded_tokens = 0
+        self.configure(DraftPolicy())
+
+    def configure(self, policy: DraftPolicy) -> None:
+        self.policy = policy
+        self._rng = np.random.default_rng(policy.seed)
 
     @property
     def vocab_hash(self) -> str:
@@ -75,17 +102,25 @@ class DraftModel:
 
     # -- CandidateGenerator -----------------------------------------------------------
 
-    def get_candidates(self, committed: Sequence[int], k: int) -> list[int]:
-        """Greedy draft of up to k tokens following `committed` (stops early at EOG)."""
+    def get_candidates(self, committed: Sequence[int], k: int) -> Draft:
+        """Up to k draft tokens following `committed` (stops early at EOG)."""
         if k <= 0:
-            return []
+            return Draft([], [] if self.policy.sample_drafts else None)
         logits = self._sync(committed)
         draft_tokens: list[int] = []
+        draft_probs: list[np.ndarray] = []
         while True:
-            token = int(np.argmax(logits))
+            if self.policy.sample_drafts:
+                q = cap_support(
+                    probabilities(logits, self.policy.sampling), self.policy.max_support
+                )
+                token = sample(q, self._rng)
+                draft_probs.append(q)
+            else:
+                token = int(np.argmax(logits))
             draft_tokens.append(token)
             if len(draft_tokens) == k or self.runtime.is_eog(token):
-                return draft_tokens
+                return Draft(draft_tokens, draft_probs if self.policy.sample_drafts else None)
             logits = self._evaluate([token])
 
     def update_candidate_strategy(

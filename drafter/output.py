@@ -96,13 +96,29 @@ class TextRenderer:
             ("bytes sent", f"{stats.bytes_sent:,}"),
             ("bytes received", f"{stats.bytes_received:,}"),
         ]
+        rows.insert(
+            0,
+            (
+                "strategy",
+                f"{result.strategy}"
+                + ("" if result.lossless else " (LOSSY: not the verifier's distribution)"),
+            ),
+        )
+        rows += [
+            (
+                "bytes per round",
+                f"{stats.bytes_sent_per_round:,.0f} sent, "
+                f"{stats.bytes_received_per_round:,.0f} received",
+            )
+        ]
         if baseline is not None:
-            same = baseline.tokens == result.tokens
             rows += [
                 ("baseline tokens/s", f"{baseline.tokens_per_s:.1f} (verifier alone, /generate)"),
                 ("speedup (measured)", f"{speedup(result, baseline):.2f}x"),
-                ("same tokens as baseline", "yes" if same else "NO"),
             ]
+            if result.strategy == "greedy":
+                same = baseline.tokens == result.tokens
+                rows.append(("same tokens as baseline", "yes" if same else "NO"))
         for row in rows:
             table.add_row(*row)
         self.console.print(table)
@@ -131,6 +147,8 @@ class JsonRenderer:
             "tokens": result.tokens,
             "text": "".join(self._text),
             "finish_reason": result.finish_reason,
+            "strategy": result.strategy,
+            "lossless": result.lossless,
             "stats": result.stats.as_dict(),
         }
         if baseline is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -13,9 +13,9 @@ from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
 from drafter.errors import DrafterError
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
-from drafter.model import DraftModel
+from drafter.model import DraftModel, DraftPolicy
 from drafter.output import BaselineResult
-from server.protocol import GenerateRequest, PrefillRequest
+from server.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
 
 # The drafter's cache holds the committed tokens plus up to k - 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
@@ -35,6 +35,13 @@ class RunOptions:
     timeout: float = 60.0
     baseline: bool = False
     verbose: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    strategy: Strategy | None = None
+    threshold: float | None = None
+
+    @property
+    def effective_strategy(self) -> Strategy:
+        return self.strategy or ("greedy" if self.sampling.greedy else "rejection")
 
 
 class Renderer(Protocol):
@@ -77,19 +84,46 @@ def load_checked_drafter(client: VerifierClient, options: RunOptions) -> tuple[D
 
 
 def prompt_request(model: DraftModel, options: RunOptions) -> PrefillRequest:
-    if not options.chat:
-        return PrefillRequest(prompt=options.prompt)
-    prompt = model.chat_prompt(options.prompt, options.system)
-    # Some templates write the BOS text themselves; adding another would change the prompt.
-    return PrefillRequest(prompt=prompt, add_bos=not model.starts_with_bos(prompt))
+    prompt, add_bos = options.prompt, True
+    if options.chat:
+        prompt = model.chat_prompt(options.prompt, options.system)
+        # Some templates write the BOS text themselves; another would change the prompt.
+        add_bos = not model.starts_with_bos(prompt)
+    return PrefillRequest(
+        prompt=prompt,
+        add_bos=add_bos,
+        sampling=options.sampling,
+        strategy=options.strategy,
+        threshold=options.threshold,
+    )
+
+
+def draft_policy(options: RunOptions) -> DraftPolicy:
+    """Rejection sampling needs drafts drawn from q; for greedy, match and threshold the
+    drafter's argmax is the draft most likely to be accepted."""
+    seed = options.sampling.seed
+    return DraftPolicy(
+        sampling=options.sampling,
+        sample_drafts=options.effective_strategy == "rejection",
+        # A stream of its own, unlike the verifier's, but fixed by the same seed.
+        seed=None if seed is None else seed + 1,
+    )
 
 
 def measure_baseline(
-    client: VerifierClient, prompt_ids: list[int], max_tokens: int
+    client: VerifierClient,
+    prompt_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingParams | None = None,
 ) -> BaselineResult:
     began = time.perf_counter()
     response = client.generate(
-        GenerateRequest(prompt_tokens=prompt_ids, add_bos=False, max_tokens=max_tokens)
+        GenerateRequest(
+            prompt_tokens=prompt_ids,
+            add_bos=False,
+            max_tokens=max_tokens,
+            sampling=sampling or SamplingParams(),
+        )
     )
     return BaselineResult(
         tokens=response.tokens,
@@ -104,6 +138,7 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
         model, n_ctx = load_checked_drafter(client, options)
         try:
             request = prompt_request(model, options)
+            model.configure(draft_policy(options))
             loop = SpeculativeLoop(model, client, draft_n=options.draft_n, n_ctx=n_ctx)
             renderer.start(model.token_bytes)
             for event in loop.run(request, options.max_tokens):
@@ -112,7 +147,9 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
             baseline = None
             if options.baseline:
                 renderer.status("measuring the verifier alone on the same prompt (/generate)")
-                baseline = measure_baseline(client, result.prompt_ids, options.max_tokens)
+                baseline = measure_baseline(
+                    client, result.prompt_ids, options.max_tokens, options.sampling
+                )
             renderer.finish(result, baseline)
             return result
         finally:

@@ -16,6 +16,8 @@ STATS_KEYS = (
     "tokens_per_s",
     "bytes_sent",
     "bytes_received",
+    "bytes_sent_per_round",
+    "bytes_received_per_round",
 )
 
 
@@ -41,6 +43,14 @@ class GenerationStats:
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    @property
+    def bytes_sent_per_round(self) -> float:
+        return self.bytes_sent / self.rounds if self.rounds else 0.0
+
+    @property
+    def bytes_received_per_round(self) -> float:
+        return self.bytes_received / self.rounds if self.rounds else 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return {

@@ -15,6 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from server.sampling import sample
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -49,3 +53,87 @@ def accept_greedy(
         tokens=[*draft_tokens[:accepted_prefix_len], final_token],
         eos=is_eog(final_token),
     )
+
+
+# -- sampling strategies ------------------------------------------------------------------
+# `target_probs` holds k+1 rows: the target's distribution p after the pending token and
+# after each draft token, already tempered and cut (server/sampling.py). Each function
+# draws its uniforms from `rng` in a fixed order, so a seeded session is reproducible.
+
+
+def residual_distribution(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)): where the recovered token comes from after a rejection."""
+    residual = np.maximum(target - draft, 0.0)
+    total = residual.sum()
+    # p == q leaves nothing (and a rejection then has probability 0): fall back to p.
+    return residual / total if total > 0 else target
+
+
+def acceptance_probability(target_prob: float, draft_prob: float) -> float:
+    """min(1, p(x)/q(x)); a token the drafter gave no mass is never accepted."""
+    if draft_prob <= 0.0:
+        return 0.0
+    return min(1.0, target_prob / draft_prob)
+
+
+def accept_rejection(
+    draft_tokens: Sequence[int],
+    draft_probs: Sequence[np.ndarray],
+    target_probs: np.ndarray,
+    rng: np.random.Generator,
+    is_eog: Callable[[int], bool],
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Draft token x_i, drawn from q_i, is accepted with probability min(1, p_i(x)/q_i(x));
+    at the first rejection the recovered token is drawn from norm(max(0, p_i - q_i)); if
+    all k are accepted the bonus token is drawn from p_k. The committed tokens are
+    distributed exactly as sampling from p alone.
+    """
+    for i, token in enumerate(draft_tokens):
+        accept = acceptance_probability(target_probs[i][token], draft_probs[i][token])
+        if rng.random() < accept:
+            if is_eog(token):
+                return Verdict(i, [*draft_tokens[:i], token], True)
+            continue
+        recovered = sample(residual_distribution(target_probs[i], draft_probs[i]), rng)
+        return Verdict(i, [*draft_tokens[:i], recovered], is_eog(recovered))
+    bonus = sample(target_probs[len(draft_tokens)], rng)
+    return Verdict(len(draft_tokens), [*draft_tokens, bonus], is_eog(bonus))
+
+
+def accept_match(
+    draft_tokens: Sequence[int],
+    target_probs: np.ndarray,
+    rng: np.random.Generator,
+    is_eog: Callable[[int], bool],
+) -> Verdict:
+    """Sample-and-match: the target samples its own token at each position and the draft
+    is accepted while it equals that sample. Every committed token is the target's own
+    draw, so the output follows p with no probabilities on the wire."""
+    for i in range(len(draft_tokens) + 1):
+        token = sample(target_probs[i], rng)
+        if i < len(draft_tokens) and token == draft_tokens[i] and not is_eog(token):
+            continue
+        return Verdict(i, [*draft_tokens[:i], token], is_eog(token))
+    raise AssertionError("unreachable: the last position always returns")
+
+
+def accept_threshold(
+    draft_tokens: Sequence[int],
+    target_probs: np.ndarray,
+    threshold: float,
+    rng: np.random.Generator,
+    is_eog: Callable[[int], bool],
+) -> Verdict:
+    """LOSSY: accept a draft token when the target gives it p(x) >= threshold; otherwise
+    draw the target's own token from p. Faster, but the output no longer follows p."""
+    for i, token in enumerate(draft_tokens):
+        if target_probs[i][token] >= threshold:
+            if is_eog(token):
+                return Verdict(i, [*draft_tokens[:i], token], True)
+            continue
+        recovered = sample(target_probs[i], rng)
+        return Verdict(i, [*draft_tokens[:i], recovered], is_eog(recovered))
+    bonus = sample(target_probs[len(draft_tokens)], rng)
+    return Verdict(len(draft_tokens), [*draft_tokens, bonus], is_eog(bonus))

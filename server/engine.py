@@ -11,6 +11,7 @@ Not thread-safe: the app calls it from a single worker thread (server/worker.py)
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -19,28 +20,38 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from server.acceptance import accept_greedy
+from server.acceptance import (
+    Verdict,
+    accept_greedy,
+    accept_match,
+    accept_rejection,
+    accept_threshold,
+)
 from server.errors import (
     ContextOverflow,
     DraftTooLong,
     EngineFailure,
+    InvalidDraftProbs,
     InvalidToken,
     NPastMismatch,
     SessionNotFound,
     UnsupportedSampling,
 )
 from server.protocol import (
+    LOSSLESS,
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
     PromptInput,
     RoundTimings,
     SamplingParams,
+    Strategy,
     VerifyRequest,
     VerifyResponse,
     vocab_fingerprint,
 )
 from server.runtime import BatchEntry, DecodeError, LlamaRuntime
+from server.sampling import probabilities
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +63,28 @@ class Session:
     tokens: list[int]  # committed tokens, prompt included; tokens[-1] is not yet in the KV cache
     prompt_len: int
     sampling: SamplingParams
+    strategy: Strategy
+    threshold: float | None
+    rng: np.random.Generator  # the session's own stream: a seed makes it reproducible
     last_used: float = field(default_factory=time.monotonic)
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
 
     @property
     def n_cached(self) -> int:
         return len(self.tokens) - 1
+
+
+def resolve_strategy(request: PrefillRequest) -> Strategy:
+    """The session's verification strategy: asked for, or the natural one."""
+    greedy = request.sampling.greedy
+    strategy = request.strategy or ("greedy" if greedy else "rejection")
+    if strategy == "greedy" and not greedy:
+        raise UnsupportedSampling("strategy 'greedy' needs temperature 0")
+    if strategy != "greedy" and greedy:
+        raise UnsupportedSampling(f"strategy '{strategy}' needs a temperature above 0")
+    if strategy == "threshold" and request.threshold is None:
+        raise UnsupportedSampling("strategy 'threshold' needs a threshold in (0, 1]")
+    return strategy
 
 
 class Engine:
@@ -125,8 +152,7 @@ class Engine:
         return ids
 
     def prefill(self, request: PrefillRequest) -> PrefillResponse:
-        if not request.sampling.greedy:
-            raise UnsupportedSampling("this verifier only does greedy decoding (temperature 0)")
+        strategy = resolve_strategy(request)
         prompt_ids = self.prompt_ids(request)
         seq_id = self._take_seq_id()
         session = Session(
@@ -135,6 +161,9 @@ class Engine:
             tokens=list(prompt_ids),
             prompt_len=len(prompt_ids),
             sampling=request.sampling,
+            strategy=strategy,
+            threshold=request.threshold,
+            rng=np.random.default_rng(request.sampling.seed),
         )
         try:
             self.runtime.clear(seq_id)
@@ -150,14 +179,17 @@ class Engine:
             prompt_ids=prompt_ids,
             prompt_len=len(prompt_ids),
             total_tokens=len(session.tokens),
+            strategy=strategy,
+            lossless=LOSSLESS[strategy],
         )
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         session = self.session(request.session_id)
         draft_tokens = list(request.draft_tokens)
         self._check_round(session, request.n_past, draft_tokens)
-        if request.draft_probs is not None and len(request.draft_probs) != len(draft_tokens):
-            raise InvalidToken("draft_probs needs one distribution per draft token")
+        draft_probs = None
+        if session.strategy == "rejection" and draft_tokens:
+            draft_probs = self._dense_draft_probs(draft_tokens, request.draft_probs)
 
         start = session.n_cached
         batch_tokens = [session.tokens[-1], *draft_tokens]
@@ -175,7 +207,7 @@ class Engine:
         session.decoded_tokens += len(entries)
 
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
-        verdict = accept_greedy(draft_tokens, target_tokens, self.runtime.is_eog)
+        verdict = self._judge(session, draft_tokens, draft_probs, logits, target_tokens)
         # Keep the pending token and the accepted drafts; the target's own token becomes
         # the next pending token.
         self.runtime.remove(session.seq_id, start + verdict.accepted_prefix_len + 1)
@@ -186,6 +218,8 @@ class Engine:
             preds=target_tokens,
             total_tokens=len(session.tokens),
             eos=verdict.eos,
+            strategy=session.strategy,
+            lossless=LOSSLESS[session.strategy],
             timings=RoundTimings(decode_ms=round(decode_ms, 3), decoded_tokens=len(entries)),
         )
 
@@ -205,6 +239,60 @@ class Engine:
         self.runtime.close()
 
     # -- internals --------------------------------------------------------------------
+
+    def _judge(
+        self,
+        session: Session,
+        draft_tokens: list[int],
+        draft_probs: list[np.ndarray] | None,
+        logits: np.ndarray,
+        target_tokens: list[int],
+    ) -> Verdict:
+        is_eog = self.runtime.is_eog
+        if session.strategy == "greedy":
+            return accept_greedy(draft_tokens, target_tokens, is_eog)
+        target_probs = np.stack([probabilities(row, session.sampling) for row in logits])
+        if session.strategy == "rejection":
+            if not draft_tokens:
+                return accept_match([], target_probs, session.rng, is_eog)
+            return accept_rejection(draft_tokens, draft_probs, target_probs, session.rng, is_eog)
+        if session.strategy == "match":
+            return accept_match(draft_tokens, target_probs, session.rng, is_eog)
+        return accept_threshold(draft_tokens, target_probs, session.threshold, session.rng, is_eog)
+
+    def _dense_draft_probs(
+        self, draft_tokens: list[int], pairs: list[list[tuple[int, float]]] | None
+    ) -> list[np.ndarray]:
+        """The drafter's q per position as dense rows, refused unless it is a distribution
+        that could have produced the draft token."""
+        if pairs is None:
+            raise InvalidDraftProbs(
+                "strategy 'rejection' needs draft_probs (the drafter's q per draft token); "
+                "use strategy 'match' to send tokens only"
+            )
+        if len(pairs) != len(draft_tokens):
+            raise InvalidDraftProbs(
+                f"draft_probs has {len(pairs)} distributions for {len(draft_tokens)} tokens"
+            )
+        n_vocab = self.runtime.n_vocab
+        rows = []
+        for i, (token, row) in enumerate(zip(draft_tokens, pairs, strict=True)):
+            q = np.zeros(n_vocab, dtype=np.float64)
+            for token_id, prob in row:
+                if not 0 <= token_id < n_vocab:
+                    raise InvalidToken(f"draft_probs[{i}] names token {token_id}")
+                if not (math.isfinite(prob) and 0.0 <= prob <= 1.0):
+                    raise InvalidDraftProbs(f"draft_probs[{i}] has probability {prob}")
+                q[token_id] += prob
+            total = q.sum()
+            if abs(total - 1.0) > 1e-3:
+                raise InvalidDraftProbs(f"draft_probs[{i}] sums to {total:.6f}, not 1")
+            if q[token] <= 0.0:
+                raise InvalidDraftProbs(
+                    f"draft token {token} at position {i} has no mass in draft_probs[{i}]"
+                )
+            rows.append(q / total)
+        return rows
 
     def _check_token_ids(self, ids: Sequence[int], where: str) -> None:
         n_vocab = self.runtime.n_vocab

@@ -47,6 +47,10 @@ class ContextOverflow(APIError):
     error_type = "context_overflow"
 
 
+class InvalidDraftProbs(APIError):
+    error_type = "invalid_draft_probs"
+
+
 class UnsupportedSampling(APIError):
     error_type = "unsupported_sampling"
 

@@ -31,6 +31,8 @@ async def generate(
             prompt_tokens=request.prompt_tokens,
             add_bos=request.add_bos,
             sampling=request.sampling,
+            # With no drafts every strategy is plain sampling from p; match needs no probs.
+            strategy=None if request.sampling.greedy else "match",
         ),
     )
     prompt_done = time.perf_counter()

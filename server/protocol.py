@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 PROTOCOL_VERSION = 1
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Strategy = Literal["greedy", "rejection", "match", "threshold"]
+# Which strategies keep the output distributed exactly as the verifier's own.
+LOSSLESS: dict[str, bool] = {"greedy": True, "rejection": True, "match": True, "threshold": False}
 # Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
 MAX_DRAFT_SCHEMA = 256
 MAX_PROMPT_TOKENS_SCHEMA = 1 << 20
@@ -50,6 +53,14 @@ class PromptInput(WireModel):
 
 class PrefillRequest(PromptInput):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    strategy: Strategy | None = Field(
+        None,
+        description="greedy (temperature 0, the default then), rejection (the default when "
+        "sampling; needs draft_probs), match (sample-and-match), threshold (LOSSY)",
+    )
+    threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="with strategy=threshold: accept when p(x) >= this"
+    )
 
 
 class PrefillResponse(WireModel):
@@ -57,6 +68,8 @@ class PrefillResponse(WireModel):
     prompt_ids: list[int]
     prompt_len: int
     total_tokens: int
+    strategy: Strategy
+    lossless: bool
 
 
 class VerifyRequest(WireModel):
@@ -77,6 +90,8 @@ class VerifyResponse(WireModel):
     preds: list[int] = Field(description="the target's argmax at each of the k+1 positions")
     total_tokens: int
     eos: bool
+    strategy: Strategy
+    lossless: bool
     timings: RoundTimings
 
 
@@ -114,6 +129,10 @@ class InfoResponse(WireModel):
     max_draft: int
     max_sessions: int
     flash_attn: bool
+    strategies: dict[str, bool] = Field(
+        default_factory=lambda: dict(LOSSLESS),
+        description="verification strategies, each mapped to whether it is lossless",
+    )
 
 
 class HealthResponse(WireModel):

@@ -245,11 +245,14 @@ def test_malformed_json_and_empty_prompt(client):
     )
     assert_error(client.post("/prefill", json={}), 422, "invalid_request")
     assert_error(client.post("/prefill", json={"prompt_tokens": [49152]}), 400, "invalid_token")
-    assert_error(
-        client.post("/prefill", json={"prompt": "x", "sampling": {"temperature": 0.7}}),
-        400,
-        "unsupported_sampling",
-    )
+    for bad in (
+        {"sampling": {"temperature": 0.7}, "strategy": "greedy"},
+        {"strategy": "match"},
+        {"sampling": {"temperature": 0.7}, "strategy": "threshold"},
+    ):
+        assert_error(
+            client.post("/prefill", json={"prompt": "x", **bad}), 400, "unsupported_sampling"
+        )
 
 
 def test_unknown_route_has_the_error_body(client):

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 import pytest
 
 from drafter.loop import SpeculativeLoop
+from drafter.model import Draft
 from server.acceptance import accept_greedy
 from server.protocol import (
     PrefillRequest,
@@ -46,6 +47,8 @@ class FakeVerifier:
             prompt_ids=self.committed,
             prompt_len=len(self.committed),
             total_tokens=len(self.committed),
+            strategy="greedy",
+            lossless=True,
         )
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
@@ -64,6 +67,8 @@ class FakeVerifier:
             preds=targets,
             total_tokens=len(self.committed),
             eos=verdict.eos,
+            strategy="greedy",
+            lossless=True,
             timings=RoundTimings(decode_ms=0.0, decoded_tokens=len(draft) + 1),
         )
 
@@ -80,7 +85,7 @@ class NoisyDrafter:
         self.calls = 0
         self.updates: list[tuple[list[int], int]] = []
 
-    def get_candidates(self, committed: Sequence[int], k: int) -> list[int]:
+    def get_candidates(self, committed: Sequence[int], k: int) -> Draft:
         draft: list[int] = []
         context = list(committed)
         for _ in range(k):
@@ -90,7 +95,7 @@ class NoisyDrafter:
                 token = token + 100
             draft.append(token)
             context.append(token)
-        return draft
+        return Draft(draft, None)
 
     def update_candidate_strategy(self, draft_tokens, accepted_prefix_len) -> None:
         self.updates.append((list(draft_tokens), accepted_prefix_len))

@@ -1,0 +1,187 @@
+"""Lossless speculative sampling on the real models over HTTP.
+
+Over 2,000 seeded runs, the first two generated tokens must follow the verifier's exact
+joint distribution (computed from its logits), for rejection sampling and for
+sample-and-match; a seed must reproduce its output; the lossy strategy must say so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+from typer.testing import CliRunner
+
+from drafter.cli import app
+from drafter.client import VerifierClient
+from drafter.loop import SpeculativeLoop
+from drafter.model import DraftModel, DraftPolicy
+from server.protocol import PrefillRequest, SamplingParams, VerifyRequest
+from server.runtime import LlamaRuntime
+from server.sampling import probabilities
+from tests.conftest import TEST_N_CTX, TEST_THREADS
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "My favourite fruit is the"
+RUNS = 2000
+TOP_K = 8
+
+
+def sampling_for(seed: int | None) -> SamplingParams:
+    return SamplingParams(temperature=1.0, top_k=TOP_K, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(live_verifier) -> list[int]:
+    with VerifierClient(live_verifier.url) as client:
+        opened = client.prefill(PrefillRequest(prompt=PROMPT))
+        client.delete_session(opened.session_id)
+    return opened.prompt_ids
+
+
+@pytest.fixture(scope="module")
+def exact_joint(verifier_model, prompt_ids) -> dict[tuple[int, int], float]:
+    """P(t1, t2) from the verifier model's own logits, in the engine's configuration."""
+    runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
+    try:
+        sampling = sampling_for(None)
+        first = probabilities(runtime.decode_sequence(0, prompt_ids, 0)[0], sampling)
+        joint = {}
+        for t1 in np.flatnonzero(first):
+            assert not runtime.is_eog(int(t1)), "pick a prompt whose first token is never EOS"
+            runtime.remove(0, len(prompt_ids))
+            logits = runtime.decode_sequence(0, [int(t1)], len(prompt_ids))[0]
+            second = probabilities(logits, sampling)
+            for t2 in np.flatnonzero(second):
+                joint[(int(t1), int(t2))] = float(first[t1] * second[t2])
+        return joint
+    finally:
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def draft_model(drafter_model):
+    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+    yield model
+    model.close()
+
+
+def first_two(client, model, prompt_ids, strategy: str, seed: int) -> tuple[int, int]:
+    sampling = sampling_for(seed)
+    model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
+    loop = SpeculativeLoop(model, client, draft_n=1, n_ctx=TEST_N_CTX)
+    request = PrefillRequest(
+        prompt_tokens=prompt_ids, add_bos=False, sampling=sampling, strategy=strategy
+    )
+    for _ in loop.run(request, 2):
+        pass
+    return tuple(loop.result.tokens)
+
+
+@pytest.mark.parametrize("strategy", ["rejection", "match"])
+def test_first_two_tokens_follow_the_verifier_distribution(
+    live_verifier, draft_model, prompt_ids, exact_joint, strategy
+):
+    counts: dict[tuple[int, int], int] = {}
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(RUNS):
+            pair = first_two(client, draft_model, prompt_ids, strategy, seed)
+            counts[pair] = counts.get(pair, 0) + 1
+    assert set(counts) <= set(exact_joint), "a pair the verifier gives no probability"
+    # Chi-square over the pairs expected at least 5 times; the rest pooled into one cell.
+    big = [pair for pair, p in exact_joint.items() if p * RUNS >= 5]
+    observed = [counts.get(pair, 0) for pair in big]
+    expected = [exact_joint[pair] * RUNS for pair in big]
+    rest_observed = RUNS - sum(observed)
+    rest_expected = RUNS - sum(expected)
+    if rest_expected >= 5:
+        observed.append(rest_observed)
+        expected.append(rest_expected)
+    else:
+        expected[-1] += rest_expected
+        observed[-1] += rest_observed
+    result = chisquare(observed, np.array(expected) * sum(observed) / sum(expected))
+    assert result.pvalue > 1e-3, (strategy, result, list(zip(observed, expected, strict=True)))
+
+
+def run_cli(url: str, *args: str) -> dict:
+    result = CliRunner().invoke(
+        app, ["--server", url, "--output", "json", "--threads", str(TEST_THREADS), *args]
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("strategy", ["rejection", "match", "threshold"])
+def test_same_seed_same_output(live_verifier, strategy):
+    args = [
+        "--prompt",
+        "Tell me about owls.",
+        "--chat",
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--strategy",
+        strategy,
+        "--threshold",
+        "0.3",
+    ]
+    first = run_cli(live_verifier.url, *args, "--seed", "11")
+    again = run_cli(live_verifier.url, *args, "--seed", "11")
+    other = run_cli(live_verifier.url, *args, "--seed", "12")
+    assert first["tokens"] == again["tokens"]
+    assert first["tokens"] != other["tokens"]
+    assert first["strategy"] == strategy
+    assert first["lossless"] is (strategy != "threshold")
+    assert first["stats"]["bytes_sent_per_round"] > 0
+
+
+def test_lossy_strategy_is_flagged_everywhere(live_verifier):
+    with VerifierClient(live_verifier.url) as client:
+        assert client.info().strategies == {
+            "greedy": True,
+            "rejection": True,
+            "match": True,
+            "threshold": False,
+        }
+        opened = client.prefill(
+            PrefillRequest(
+                prompt="Hi", sampling=sampling_for(1), strategy="threshold", threshold=0.2
+            )
+        )
+        assert opened.lossless is False
+        round_ = client.verify(
+            VerifyRequest(
+                session_id=opened.session_id, n_past=opened.total_tokens, draft_tokens=[42]
+            )
+        )
+        assert round_.strategy == "threshold" and round_.lossless is False
+        client.delete_session(opened.session_id)
+
+
+def test_rejection_needs_valid_draft_probs(live_verifier):
+    with VerifierClient(live_verifier.url) as client:
+        opened = client.prefill(PrefillRequest(prompt="Hi", sampling=sampling_for(1)))
+    base = {"session_id": opened.session_id, "n_past": opened.total_tokens, "draft_tokens": [42]}
+    for extra, error_type in [
+        ({}, "invalid_draft_probs"),
+        ({"draft_probs": [[[42, 0.5]]]}, "invalid_draft_probs"),
+        ({"draft_probs": [[[7, 1.0]]]}, "invalid_draft_probs"),
+        ({"draft_probs": [[[42, 1.0]], [[1, 1.0]]]}, "invalid_draft_probs"),
+        ({"draft_probs": [[[49152, 1.0]]]}, "invalid_token"),
+    ]:
+        response = httpx.post(f"{live_verifier.url}/verify", json={**base, **extra})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["type"] == error_type
+    ok = httpx.post(
+        f"{live_verifier.url}/verify", json={**base, "draft_probs": [[[42, 0.25], [43, 0.75]]]}
+    )
+    assert ok.status_code == 200, ok.text
+    httpx.delete(f"{live_verifier.url}/sessions/{opened.session_id}")
