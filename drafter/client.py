@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TypeVar
 
 import httpx
@@ -40,6 +41,7 @@ class VerifierClient:
         *,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        max_retries: int = 3,
     ):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
@@ -50,6 +52,7 @@ class VerifierClient:
         )
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.max_retries = max_retries
 
     def info(self) -> InfoResponse:
         return self._call("GET", "/info", None, InfoResponse)
@@ -76,7 +79,12 @@ class VerifierClient:
         self.close()
 
     def _call(
-        self, method: str, path: str, body: BaseModel | None, response_type: type[R] | None
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        response_type: type[R] | None,
+        attempt: int = 0,
     ) -> R | None:
         content = body.model_dump_json(exclude_none=True).encode() if body is not None else None
         headers = {"content-type": "application/json"} if content is not None else None
@@ -101,6 +109,10 @@ class VerifierClient:
             + 2
             + len(response.content)
         )
+        if response.status_code == 503 and attempt < self.max_retries:
+            # Full or still loading: the request was not taken, so sending it again is safe.
+            time.sleep(_retry_after(response))
+            return self._call(method, path, body, response_type, attempt + 1)
         if response.status_code >= 400:
             raise _rejection(response)
         if response_type is None:
@@ -112,6 +124,13 @@ class VerifierClient:
                 f"the verifier at {self.base_url} sent a {path} response this drafter does "
                 f"not understand: {exc.errors()[0]['msg']}"
             ) from exc
+
+
+def _retry_after(response: httpx.Response, ceiling_s: float = 5.0) -> float:
+    try:
+        return min(max(float(response.headers.get("retry-after", "1")), 0.05), ceiling_s)
+    except ValueError:
+        return 1.0
 
 
 def _rejection(response: httpx.Response) -> VerifierRejected:

@@ -15,11 +15,14 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from drafter.errors import VerifierRejected
 from drafter.stats import GenerationStats
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.sampling import sparse
 
 FinishReason = Literal["eos", "max_tokens", "context_full"]
+# Consecutive lost sessions before giving up (a verifier evicting everything, say).
+MAX_RECOVERIES_IN_A_ROW = 3
 
 
 class Draft(Protocol):
@@ -92,6 +95,8 @@ class SpeculativeLoop:
         result.strategy, result.lossless = opened.strategy, opened.lossless
         stats.prompt_tokens = opened.prompt_len
         committed = list(opened.prompt_ids)
+        session_id = opened.session_id
+        lost_in_a_row = 0
         try:
             while True:
                 remaining = max_tokens - len(result.tokens)
@@ -106,16 +111,32 @@ class SpeculativeLoop:
                 k = min(self.draft_n, remaining - 1, room)
                 draft = self.drafter.get_candidates(committed, k)
                 draft_tokens = list(draft.tokens)
-                verdict = self.verifier.verify(
-                    VerifyRequest(
-                        session_id=opened.session_id,
-                        n_past=len(committed),
-                        draft_tokens=draft_tokens,
-                        draft_probs=None
-                        if draft.probs is None
-                        else [sparse(q) for q in draft.probs],
+                try:
+                    verdict = self.verifier.verify(
+                        VerifyRequest(
+                            session_id=session_id,
+                            n_past=len(committed),
+                            draft_tokens=draft_tokens,
+                            draft_probs=None
+                            if draft.probs is None
+                            else [sparse(q) for q in draft.probs],
+                        )
                     )
-                )
+                except VerifierRejected as exc:
+                    if exc.error_type == "context_overflow":
+                        result.finish_reason = "context_full"
+                        break
+                    if exc.error_type != "session_not_found":
+                        raise
+                    # Evicted or expired: a new session from every committed token
+                    # continues exactly where this one stopped.
+                    lost_in_a_row += 1
+                    if lost_in_a_row > MAX_RECOVERIES_IN_A_ROW:
+                        raise
+                    session_id = self._reopen(prefill, committed)
+                    stats.recoveries += 1
+                    continue
+                lost_in_a_row = 0
                 committed.extend(verdict.tokens)
                 result.tokens.extend(verdict.tokens)
                 stats.rounds += 1
@@ -136,7 +157,15 @@ class SpeculativeLoop:
             stats.total_time_s = time.perf_counter() - began
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0
-            self._close_session(opened.session_id)
+            self._close_session(session_id)
+
+    def _reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
+        reopened = self.verifier.prefill(
+            prefill.model_copy(
+                update={"prompt": None, "prompt_tokens": list(committed), "add_bos": False}
+            )
+        )
+        return reopened.session_id
 
     def _close_session(self, session_id: str) -> None:
         # Best effort: the session holds a KV sequence on the server until it is freed,

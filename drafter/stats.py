@@ -18,6 +18,7 @@ STATS_KEYS = (
     "bytes_received",
     "bytes_sent_per_round",
     "bytes_received_per_round",
+    "recoveries",
 )
 
 
@@ -31,6 +32,7 @@ class GenerationStats:
     total_time_s: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
+    recoveries: int = 0  # new sessions opened after the verifier lost ours
 
     @property
     def acceptance_rate(self) -> float:

@@ -5,7 +5,8 @@ last are in the KV cache, and the last one (the pending token) is evaluated at t
 of the next round together with the draft, so a round costs one decode of k+1 tokens
 whatever the context length.
 
-Not thread-safe: the app calls it from a single worker thread (server/worker.py).
+Not thread-safe: the app calls it only from the batch scheduler's thread
+(server/scheduler.py).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from server.acceptance import (
 from server.errors import (
     ContextOverflow,
     DraftTooLong,
-    EngineFailure,
     InvalidDraftProbs,
     InvalidToken,
     NPastMismatch,
+    ServerFull,
     SessionNotFound,
     UnsupportedSampling,
 )
@@ -50,7 +51,7 @@ from server.protocol import (
     VerifyResponse,
     vocab_fingerprint,
 )
-from server.runtime import BatchEntry, DecodeError, LlamaRuntime
+from server.runtime import BatchEntry, LlamaRuntime
 from server.sampling import probabilities
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,26 @@ class Session:
     @property
     def n_cached(self) -> int:
         return len(self.tokens) - 1
+
+
+@dataclass
+class PrefillWork:
+    session: Session
+    to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
+    evaluated: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.evaluated >= len(self.to_evaluate)
+
+
+@dataclass
+class VerifyWork:
+    session: Session
+    draft_tokens: list[int]
+    draft_probs: list[np.ndarray] | None
+    start: int  # position of the pending token
+    entries: list[BatchEntry]
 
 
 def resolve_strategy(request: PrefillRequest) -> Strategy:
@@ -99,6 +120,7 @@ class Engine:
         self.vocab_hash = vocab_fingerprint(runtime.vocab_pieces())
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self._free_seq_ids = list(range(self.max_sessions - 1, -1, -1))
+        self.evicted_sessions = 0
 
     # -- facts ------------------------------------------------------------------------
 
@@ -151,10 +173,15 @@ class Engine:
             )
         return ids
 
-    def prefill(self, request: PrefillRequest) -> PrefillResponse:
+    # -- prefill, in chunks the scheduler interleaves with other sessions' rounds --------
+
+    def begin_prefill(self, request: PrefillRequest, busy: set[str]) -> PrefillWork:
+        """Validate and reserve a KV sequence; `busy` sessions (work queued) are never
+        evicted to make room."""
         strategy = resolve_strategy(request)
         prompt_ids = self.prompt_ids(request)
-        seq_id = self._take_seq_id()
+        seq_id = self._take_seq_id(busy)
+        self.runtime.clear(seq_id)
         session = Session(
             session_id=uuid.uuid4().hex,
             seq_id=seq_id,
@@ -165,53 +192,66 @@ class Engine:
             threshold=request.threshold,
             rng=np.random.default_rng(request.sampling.seed),
         )
-        try:
-            self.runtime.clear(seq_id)
-            self.runtime.decode_sequence(seq_id, prompt_ids[:-1], 0, logits="none")
-        except DecodeError as exc:
-            self.runtime.clear(seq_id)
-            self._free_seq_ids.append(seq_id)
-            raise EngineFailure(f"prefill failed: {exc}") from exc
-        session.decoded_tokens = len(prompt_ids) - 1
+        return PrefillWork(session=session, to_evaluate=prompt_ids[:-1])
+
+    def prefill_entries(self, work: PrefillWork, budget: int) -> list[BatchEntry]:
+        chunk = work.to_evaluate[work.evaluated : work.evaluated + budget]
+        return [
+            BatchEntry(
+                token=t, pos=work.evaluated + i, seq_id=work.session.seq_id, want_logits=False
+            )
+            for i, t in enumerate(chunk)
+        ]
+
+    def advance_prefill(self, work: PrefillWork, n_evaluated: int) -> PrefillResponse | None:
+        """Count a decoded chunk; the response once the whole prompt is in the cache."""
+        work.evaluated += n_evaluated
+        work.session.decoded_tokens += n_evaluated
+        if not work.done:
+            return None
+        session = work.session
         self._sessions[session.session_id] = session
         return PrefillResponse(
             session_id=session.session_id,
-            prompt_ids=prompt_ids,
-            prompt_len=len(prompt_ids),
+            prompt_ids=list(session.tokens),
+            prompt_len=session.prompt_len,
             total_tokens=len(session.tokens),
-            strategy=strategy,
-            lossless=LOSSLESS[strategy],
+            strategy=session.strategy,
+            lossless=LOSSLESS[session.strategy],
         )
 
-    def verify(self, request: VerifyRequest) -> VerifyResponse:
+    def abort_prefill(self, work: PrefillWork) -> None:
+        self.runtime.clear(work.session.seq_id)
+        self._free_seq_ids.append(work.session.seq_id)
+
+    # -- verify rounds ----------------------------------------------------------------
+
+    def begin_verify(self, request: VerifyRequest) -> VerifyWork:
         session = self.session(request.session_id)
         draft_tokens = list(request.draft_tokens)
         self._check_round(session, request.n_past, draft_tokens)
         draft_probs = None
         if session.strategy == "rejection" and draft_tokens:
             draft_probs = self._dense_draft_probs(draft_tokens, request.draft_probs)
-
         start = session.n_cached
-        batch_tokens = [session.tokens[-1], *draft_tokens]
         entries = [
             BatchEntry(token=t, pos=start + i, seq_id=session.seq_id, want_logits=True)
-            for i, t in enumerate(batch_tokens)
+            for i, t in enumerate([session.tokens[-1], *draft_tokens])
         ]
-        began = time.perf_counter()
-        try:
-            logits = self.runtime.decode(entries)
-        except DecodeError as exc:
-            self.runtime.remove(session.seq_id, start)
-            raise EngineFailure(f"verify failed: {exc}") from exc
-        decode_ms = (time.perf_counter() - began) * 1000.0
-        session.decoded_tokens += len(entries)
+        return VerifyWork(session, draft_tokens, draft_probs, start, entries)
 
+    def finish_verify(
+        self, work: VerifyWork, logits: np.ndarray, decode_ms: float
+    ) -> VerifyResponse:
+        session = work.session
+        session.decoded_tokens += len(work.entries)
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
-        verdict = self._judge(session, draft_tokens, draft_probs, logits, target_tokens)
+        verdict = self._judge(session, work.draft_tokens, work.draft_probs, logits, target_tokens)
         # Keep the pending token and the accepted drafts; the target's own token becomes
         # the next pending token.
-        self.runtime.remove(session.seq_id, start + verdict.accepted_prefix_len + 1)
+        self.runtime.remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
         session.tokens.extend(verdict.tokens)
+        session.last_used = time.monotonic()
         return VerifyResponse(
             accepted_prefix_len=verdict.accepted_prefix_len,
             tokens=verdict.tokens,
@@ -220,8 +260,24 @@ class Engine:
             eos=verdict.eos,
             strategy=session.strategy,
             lossless=LOSSLESS[session.strategy],
-            timings=RoundTimings(decode_ms=round(decode_ms, 3), decoded_tokens=len(entries)),
+            timings=RoundTimings(decode_ms=round(decode_ms, 3), decoded_tokens=len(work.entries)),
         )
+
+    def abort_verify(self, work: VerifyWork) -> None:
+        """Undo a round whose decode failed: the session is exactly as before."""
+        self.runtime.remove(work.session.seq_id, work.start)
+
+    def expire_idle(self, ttl_s: float, busy: set[str]) -> list[str]:
+        """End sessions unused for `ttl_s` seconds; returns their ids."""
+        now = time.monotonic()
+        expired = [
+            s
+            for s in self._sessions.values()
+            if now - s.last_used > ttl_s and s.session_id not in busy
+        ]
+        for session in expired:
+            self._release(session)
+        return [s.session_id for s in expired]
 
     def delete_session(self, session_id: str) -> None:
         session = self.session(session_id)
@@ -319,11 +375,17 @@ class Engine:
                 f"the round needs {needed} positions; the session's context holds {self.n_ctx}"
             )
 
-    def _take_seq_id(self) -> int:
+    def _take_seq_id(self, busy: set[str]) -> int:
         if not self._free_seq_ids:
-            _, oldest = next(iter(self._sessions.items()))
-            log.info("evicting least recently used session %s", oldest.session_id)
-            self._release(oldest)
+            # Least recently used first; a session with work queued is never the victim.
+            victim = next((s for s in self._sessions.values() if s.session_id not in busy), None)
+            if victim is None:
+                raise ServerFull(
+                    f"all {self.max_sessions} sessions have work in progress; retry shortly"
+                )
+            log.info("evicting least recently used session %s", victim.session_id)
+            self.evicted_sessions += 1
+            self._release(victim)
         return self._free_seq_ids.pop()
 
     def _release(self, session: Session) -> None:

@@ -63,6 +63,14 @@ class ModelNotReady(APIError):
         super().__init__(message, headers={"Retry-After": "1"})
 
 
+class ServerFull(APIError):
+    status_code = 503
+    error_type = "server_full"
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
 class EngineFailure(APIError):
     status_code = 503
     error_type = "engine_busy"

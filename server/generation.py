@@ -1,15 +1,14 @@
 """The target model alone, token by token: the honest baseline behind /generate.
 
 Each step is a verify round with an empty draft, so the baseline runs exactly the code
-path (and the numerics) the speculative rounds use, and other sessions' requests get
-the worker between its steps.
+path (and the numerics) the speculative rounds use, and its steps share batches with
+other sessions' rounds.
 """
 
 from __future__ import annotations
 
 import time
 
-from server.engine import Engine
 from server.protocol import (
     GenerateRequest,
     GenerateResponse,
@@ -17,15 +16,13 @@ from server.protocol import (
     PrefillRequest,
     VerifyRequest,
 )
-from server.worker import ModelWorker
+from server.scheduler import BatchScheduler
 
 
-async def generate(
-    engine: Engine, worker: ModelWorker, request: GenerateRequest
-) -> GenerateResponse:
+async def generate(scheduler: BatchScheduler, request: GenerateRequest) -> GenerateResponse:
     began = time.perf_counter()
-    prefill = await worker.run(
-        engine.prefill,
+    engine = scheduler.engine
+    prefill = await scheduler.prefill(
         PrefillRequest(
             prompt=request.prompt,
             prompt_tokens=request.prompt_tokens,
@@ -41,9 +38,8 @@ async def generate(
     total_tokens = prefill.total_tokens
     try:
         while len(tokens) < request.max_tokens and total_tokens <= engine.n_ctx:
-            step = await worker.run(
-                engine.verify,
-                VerifyRequest(session_id=prefill.session_id, n_past=total_tokens),
+            step = await scheduler.verify(
+                VerifyRequest(session_id=prefill.session_id, n_past=total_tokens)
             )
             tokens.extend(step.tokens)
             total_tokens = step.total_tokens
@@ -51,13 +47,13 @@ async def generate(
                 eos = True
                 break
     finally:
-        await worker.run(engine.discard_session, prefill.session_id)
+        await scheduler.call(lambda: engine.discard_session(prefill.session_id))
     ended = time.perf_counter()
     decode_s = ended - prompt_done
     return GenerateResponse(
         prompt_ids=prefill.prompt_ids,
         tokens=tokens,
-        text=await worker.run(engine.detokenize, tokens),
+        text=await scheduler.call(lambda: engine.detokenize(tokens)),
         eos=eos,
         timings=GenerateTimings(
             prompt_ms=round((prompt_done - began) * 1000.0, 3),

@@ -1,7 +1,7 @@
 """The verifier app: `uvicorn server.main:app`.
 
-The lifespan starts loading the model on the worker thread and returns at once, so
-/health answers 503 ("loading") until the engine is ready, then 200.
+The lifespan starts loading the model in a thread and returns at once, so /health
+answers 503 ("loading") until the engine and its batch scheduler are ready, then 200.
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ from fastapi import FastAPI, Request
 
 from server.engine import Engine
 from server.errors import install_error_handlers
+from server.metrics import VerifierMetrics
 from server.protocol import ErrorBody
 from server.routes import generate, service, sessions
 from server.runtime import LlamaRuntime
+from server.scheduler import BatchScheduler
 from server.settings import VerifierSettings, get_settings
 from server.state import AppState
 
 log = logging.getLogger("server")
+
+MODEL_PATHS = {"/prefill", "/verify", "/generate"}
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
@@ -40,7 +44,14 @@ def build_engine(settings: VerifierSettings) -> Engine:
 
 async def _load_engine(state: AppState) -> None:
     try:
-        state.engine = await state.worker.run(build_engine, state.settings)
+        engine = await asyncio.to_thread(build_engine, state.settings)
+        state.scheduler = BatchScheduler(
+            engine,
+            state.metrics,
+            max_queue=state.settings.max_queue,
+            session_ttl_s=state.settings.session_ttl_s,
+        )
+        state.engine = engine
         log.info("verifier ready: %s", state.settings.model_path)
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -59,16 +70,17 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = AppState(settings=settings)
+        metrics = VerifierMetrics(settings.max_sessions, settings.max_draft)
+        state = AppState(settings=settings, metrics=metrics)
         app.state.verifier = state
         loading = asyncio.create_task(_load_engine(state))
         try:
             yield
         finally:
             await loading
-            if state.engine is not None:
-                await state.worker.run(state.engine.close)
-            state.worker.shutdown()
+            if state.scheduler is not None:
+                await asyncio.to_thread(state.scheduler.stop)
+                state.engine.close()
 
     app = FastAPI(
         title="hetero-specdecode verifier",
@@ -88,8 +100,15 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
-        response = await call_next(request)
         state: AppState | None = getattr(request.app.state, "verifier", None)
+        model_work = request.url.path in MODEL_PATHS or request.url.path.startswith("/sessions/")
+        if state is not None and model_work:
+            state.metrics.request_started()
+        try:
+            response = await call_next(request)
+        finally:
+            if state is not None and model_work:
+                state.metrics.request_ended()
         if state is not None:
             state.metrics.requests.labels(_endpoint_label(request), str(response.status_code)).inc()
         return response

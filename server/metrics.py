@@ -2,34 +2,112 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class VerifierMetrics:
-    def __init__(self) -> None:
+    def __init__(self, max_sessions: int = 8, max_draft: int = 16) -> None:
         # One registry per app, so several apps (tests) never share counters.
-        self.registry = CollectorRegistry()
+        r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "verifier_requests",
             "HTTP requests by endpoint and status code",
             ["endpoint", "status"],
-            registry=self.registry,
+            registry=r,
         )
         self.active_sessions = Gauge(
-            "verifier_active_sessions", "sessions holding a KV sequence", registry=self.registry
+            "verifier_active_sessions", "sessions holding a KV sequence", registry=r
+        )
+        self.evicted_sessions = Gauge(
+            "verifier_evicted_sessions",
+            "sessions evicted (least recently used) so far",
+            registry=r,
+        )
+        self.expired_sessions = Counter(
+            "verifier_expired_sessions", "sessions ended by the idle TTL", registry=r
+        )
+        self.rejected_full = Counter(
+            "verifier_rejected_full",
+            "requests refused with 503 because the queue was full",
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "verifier_queue_depth", "requests waiting for or in the current batch", registry=r
         )
         self.drafted_tokens = Counter(
-            "verifier_drafted_tokens", "draft tokens received by /verify", registry=self.registry
+            "verifier_drafted_tokens", "draft tokens received by /verify", registry=r
         )
         self.accepted_tokens = Counter(
-            "verifier_accepted_tokens", "draft tokens accepted by /verify", registry=self.registry
+            "verifier_accepted_tokens", "draft tokens accepted by /verify", registry=r
+        )
+        self.drafted_by_position = Counter(
+            "verifier_drafted_by_position",
+            "draft tokens received, by position in the draft",
+            ["position"],
+            registry=r,
+        )
+        self.accepted_by_position = Counter(
+            "verifier_accepted_by_position",
+            "draft tokens accepted, by position in the draft",
+            ["position"],
+            registry=r,
         )
         self.decoded_tokens = Counter(
-            "verifier_decoded_tokens", "tokens evaluated by llama_decode", registry=self.registry
+            "verifier_decoded_tokens", "tokens evaluated by llama_decode", registry=r
         )
-        self.verify_decode_seconds = Histogram(
-            "verifier_verify_decode_seconds",
-            "llama_decode time of one verify round",
+        self.batch_sessions = Histogram(
+            "verifier_batch_sessions",
+            "sessions sharing one llama_decode batch",
+            buckets=[float(n) for n in range(1, max_sessions + 1)],
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "verifier_batch_tokens",
+            "tokens in one llama_decode batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.decode_seconds = Histogram(
+            "verifier_decode_seconds",
+            "wall time of one llama_decode",
             buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
-            registry=self.registry,
+            registry=r,
         )
+        self.busy_seconds = Counter(
+            "verifier_busy_seconds",
+            "wall time with at least one model request in flight (the denominator of "
+            "efficiency = decode seconds / busy seconds)",
+            registry=r,
+        )
+        self._inflight = 0
+        self._busy_since = 0.0
+        self._lock = threading.Lock()
+
+    def observe_batch(self, sessions: int, tokens: int, decode_s: float) -> None:
+        self.batch_sessions.observe(sessions)
+        self.batch_tokens.observe(tokens)
+        self.decode_seconds.observe(decode_s)
+        self.decoded_tokens.inc(tokens)
+
+    def observe_round(self, drafted: int, accepted: int) -> None:
+        self.drafted_tokens.inc(drafted)
+        self.accepted_tokens.inc(accepted)
+        for position in range(1, drafted + 1):
+            self.drafted_by_position.labels(str(position)).inc()
+        for position in range(1, accepted + 1):
+            self.accepted_by_position.labels(str(position)).inc()
+
+    def request_started(self) -> None:
+        with self._lock:
+            if self._inflight == 0:
+                self._busy_since = time.perf_counter()
+            self._inflight += 1
+
+    def request_ended(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self.busy_seconds.inc(time.perf_counter() - self._busy_since)

@@ -21,6 +21,12 @@ class VerifierSettings(BaseSettings):
     n_batch: int = Field(512, ge=16, description="largest number of tokens in one llama_decode")
     max_sessions: int = Field(8, ge=1, le=256, description="sessions held at once (KV sequences)")
     max_draft: int = Field(16, ge=0, le=256, description="longest draft accepted by /verify")
+    session_ttl_s: float = Field(
+        600.0, gt=0, description="idle sessions are ended after this many seconds"
+    )
+    max_queue: int = Field(
+        64, ge=1, description="requests waiting at most; beyond it new work gets 503"
+    )
     max_generate_tokens: int = Field(
         2048, ge=1, description="upper bound on max_tokens for /generate"
     )

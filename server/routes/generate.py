@@ -5,16 +5,16 @@ from fastapi import APIRouter
 from server.errors import ContextOverflow
 from server.generation import generate as run_generation
 from server.protocol import GenerateRequest, GenerateResponse
-from server.state import EngineDep, StateDep
+from server.state import SchedulerDep, StateDep
 
 router = APIRouter(tags=["generate"])
 
 
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(
-    request: GenerateRequest, engine: EngineDep, state: StateDep
+    request: GenerateRequest, scheduler: SchedulerDep, state: StateDep
 ) -> GenerateResponse:
     limit = state.settings.max_generate_tokens
     if request.max_tokens > limit:
         raise ContextOverflow(f"max_tokens={request.max_tokens} exceeds this server's {limit}")
-    return await run_generation(engine, state.worker, request)
+    return await run_generation(scheduler, request)

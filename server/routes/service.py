@@ -5,15 +5,15 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.protocol import HealthResponse, InfoResponse
-from server.state import EngineDep, StateDep
+from server.state import SchedulerDep, StateDep
 
 router = APIRouter(tags=["service"])
 
 
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(state: StateDep) -> JSONResponse:
-    # Never touches the worker: it must answer while a long decode runs.
-    if state.engine is not None:
+    # Never touches the engine thread: it must answer while a long decode runs.
+    if state.scheduler is not None:
         return JSONResponse(HealthResponse(status="ok").model_dump(exclude_none=True))
     body = (
         HealthResponse(status="error", detail=state.load_error)
@@ -24,12 +24,13 @@ async def health(state: StateDep) -> JSONResponse:
 
 
 @router.get("/info", response_model=InfoResponse)
-async def info(engine: EngineDep) -> InfoResponse:
-    return engine.info()
+async def info(scheduler: SchedulerDep) -> InfoResponse:
+    return scheduler.engine.info()
 
 
 @router.get("/metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
     if state.engine is not None:
         state.metrics.active_sessions.set(state.engine.session_count)
+        state.metrics.evicted_sessions.set(state.engine.evicted_sessions)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

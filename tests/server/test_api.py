@@ -281,4 +281,8 @@ def test_metrics_count_rounds(client):
     text = client.get("/metrics").text
     assert "verifier_drafted_tokens_total" in text
     assert 'verifier_requests_total{endpoint="/verify",status="200"}' in text
-    assert "verifier_verify_decode_seconds_bucket" in text
+    assert "verifier_decode_seconds_bucket" in text
+    assert 'verifier_batch_sessions_bucket{le="1.0"}' in text
+    assert 'verifier_drafted_by_position_total{position="2"}' in text
+    assert "verifier_queue_depth" in text
+    assert "verifier_active_sessions" in text

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from drafter.errors import VerifierRejected
 from drafter.loop import SpeculativeLoop
 from drafter.model import Draft
 from server.acceptance import accept_greedy
@@ -188,3 +189,60 @@ def test_session_is_closed_when_the_caller_stops_early():
     next(rounds)
     rounds.close()
     assert verifier.deleted == ["s1"]
+
+
+class ForgetfulVerifier(FakeVerifier):
+    """Loses the session (as eviction or expiry would) before the given rounds."""
+
+    def __init__(self, lose_before_rounds: set[int]):
+        super().__init__()
+        self.lose_before_rounds = lose_before_rounds
+        self.reopened: list[list[int]] = []
+        self.alive = True
+
+    def prefill(self, request: PrefillRequest) -> PrefillResponse:
+        if self.committed:  # a recovery: the whole committed list comes back
+            self.reopened.append(list(request.prompt_tokens))
+            assert request.add_bos is False
+        else:
+            return super().prefill(request)
+        self.alive = True
+        return PrefillResponse(
+            session_id="s2",
+            prompt_ids=self.committed,
+            prompt_len=len(self.committed),
+            total_tokens=len(self.committed),
+            strategy="greedy",
+            lossless=True,
+        )
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        if len(self.rounds) in self.lose_before_rounds and self.alive:
+            self.alive = False
+            self.lose_before_rounds.discard(len(self.rounds))
+            raise VerifierRejected(404, "session_not_found", "gone")
+        return super().verify(request)
+
+
+def test_lost_session_is_reopened_from_the_committed_tokens():
+    verifier = ForgetfulVerifier({2, 5})
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 3), verifier, draft_n=3, n_ctx=10_000)
+    _, result = run(loop, [4, 2], 30)
+    assert result.tokens == target_alone([4, 2], 30, FakeVerifier())
+    assert result.stats.recoveries == 2
+    assert verifier.reopened[0] == [4, 2, *result.tokens][: len(verifier.reopened[0])]
+    assert verifier.deleted == ["s2"]
+
+
+def test_context_overflow_from_the_verifier_ends_cleanly():
+    class Overflowing(FakeVerifier):
+        def verify(self, request):
+            if len(self.rounds) == 2:
+                raise VerifierRejected(400, "context_overflow", "needs 40, holds 32")
+            return super().verify(request)
+
+    verifier = Overflowing()
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 1000), verifier, draft_n=2, n_ctx=10_000)
+    events, result = run(loop, [1], 30)
+    assert result.finish_reason == "context_full"
+    assert len(events) == 2 and result.tokens == target_alone([1], 6, FakeVerifier())
