@@ -150,5 +150,34 @@ def generate(
         raise typer.Exit(exc.exit_code) from None
 
 
+@app.command()
+def serve(
+    server: ServerOpt = DEFAULT_SERVER,
+    model: ModelOpt = DEFAULT_DRAFTER_MODEL,
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
+    draft_n: DraftNOpt = 4,
+    n_gpu_layers: GpuLayersOpt = None,
+    threads: ThreadsOpt = 0,
+    timeout: TimeoutOpt = 60.0,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
+    each request decoded speculatively against --server."""
+    from drafter.openai_server import serve as run_server
+
+    options = RunOptions(
+        server=server,
+        model=model,
+        prompt="",
+        draft_n=draft_n,
+        n_gpu_layers=n_gpu_layers,
+        threads=threads,
+        timeout=timeout,
+        verbose=verbose,
+    )
+    run_server(options, host, port)
+
+
 def main() -> None:
     app()

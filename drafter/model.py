@@ -94,6 +94,11 @@ class DraftModel:
     def chat_prompt(self, user: str, system: str | None = None) -> str:
         messages = [("system", system)] if system else []
         messages.append(("user", user))
+        return self.render_chat(messages)
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        """(role, content) messages through the model's own chat template, ready for the
+        assistant's turn."""
         return self.runtime.apply_chat_template(messages)
 
     def starts_with_bos(self, text: str) -> bool:
@@ -129,7 +134,10 @@ class DraftModel:
         """Fixed draft length for now; adaptive length will learn here."""
 
     def reset(self) -> None:
-        self.runtime.clear(SEQ_ID)
+        """Forget the cache. A new, unrelated prompt should start here: this model's
+        logits can depend on how its cache was filled (Q4_K kernels are not batch
+        invariant), and a seeded run must not depend on the request before it."""
+        self.runtime.clear_all()
         self._cached = []
         self._last_logits = None
 

@@ -273,6 +273,10 @@ class LlamaRuntime:
     def clear(self, seq_id: int) -> None:
         self.remove(seq_id, -1, -1)
 
+    def clear_all(self) -> None:
+        """Empty the whole KV cache (every sequence), its cell layout back to the start."""
+        llama_cpp.llama_memory_clear(self._memory, True)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -43,8 +43,11 @@ class FakeVerifier:
         self.committed = list(request.prompt_tokens)
         self.prompt_len = len(self.committed)
         self.bytes_sent += 100
+        return self.opened("s1")
+
+    def opened(self, session_id: str) -> PrefillResponse:
         return PrefillResponse(
-            session_id="s1",
+            session_id=session_id,
             prompt_ids=self.committed,
             prompt_len=len(self.committed),
             total_tokens=len(self.committed),
@@ -207,14 +210,7 @@ class ForgetfulVerifier(FakeVerifier):
         else:
             return super().prefill(request)
         self.alive = True
-        return PrefillResponse(
-            session_id="s2",
-            prompt_ids=self.committed,
-            prompt_len=len(self.committed),
-            total_tokens=len(self.committed),
-            strategy="greedy",
-            lossless=True,
-        )
+        return self.opened("s2")
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         if len(self.rounds) in self.lose_before_rounds and self.alive:
