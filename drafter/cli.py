@@ -84,6 +84,16 @@ ThresholdOpt = Annotated[
     float | None,
     typer.Option("--threshold", min=0.0, max=1.0, help="with --strategy threshold"),
 ]
+ApiKeyOpt = Annotated[
+    str | None, typer.Option("--api-key", envvar="DRAFTER_API_KEY", help="verifier API key")
+]
+CaCertOpt = Annotated[
+    Path | None,
+    typer.Option("--ca-cert", help="CA certificate to trust for an https:// verifier"),
+]
+RetriesOpt = Annotated[
+    int, typer.Option("--retries", min=0, help="retries on lost connections and 5xx")
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="llama.cpp's log on stderr")]
 
 app = typer.Typer(
@@ -113,6 +123,9 @@ def generate(
     seed: SeedOpt = None,
     strategy: StrategyOpt = None,
     threshold: ThresholdOpt = None,
+    api_key: ApiKeyOpt = None,
+    ca_cert: CaCertOpt = None,
+    retries: RetriesOpt = 6,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate a completion of --prompt, drafting locally and verifying on --server."""
@@ -126,6 +139,9 @@ def generate(
     except ValidationError as exc:
         raise typer.BadParameter(exc.errors()[0]["msg"]) from None
     options = RunOptions(
+        api_key=api_key,
+        ca_cert=ca_cert,
+        retries=retries,
         sampling=sampling,
         strategy=strategy.value if strategy else None,
         threshold=threshold,
@@ -160,6 +176,8 @@ def serve(
     n_gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = 0,
     timeout: TimeoutOpt = 60.0,
+    api_key: ApiKeyOpt = None,
+    ca_cert: CaCertOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
@@ -174,6 +192,8 @@ def serve(
         n_gpu_layers=n_gpu_layers,
         threads=threads,
         timeout=timeout,
+        api_key=api_key,
+        ca_cert=ca_cert,
         verbose=verbose,
     )
     run_server(options, host, port)

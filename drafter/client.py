@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import ssl
 import time
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -22,6 +25,7 @@ from server.protocol import (
 R = TypeVar("R", bound=BaseModel)
 
 USER_AGENT = "draft_token_generator/0.1"
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
 
 
 def _header_bytes(headers: httpx.Headers) -> int:
@@ -41,18 +45,33 @@ class VerifierClient:
         *,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
-        max_retries: int = 3,
+        max_retries: int = 6,
+        api_key: str | None = None,
+        ca_cert: str | Path | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        headers = {"user-agent": USER_AGENT}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        # Certificates are always verified; --ca-cert adds a private CA (self-signed servers).
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else True
+        )
         self._http = httpx.Client(
             base_url=self.base_url,
             timeout=timeout,
             transport=transport,
-            headers={"user-agent": USER_AGENT},
+            headers=headers,
+            verify=verify,
         )
+        self.retries_done = 0
         self.bytes_sent = 0
         self.bytes_received = 0
         self.max_retries = max_retries
+
+    def _pause(self, attempt: int, retry_after: str | None) -> None:
+        self.retries_done += 1
+        time.sleep(backoff_s(attempt, retry_after))
 
     def info(self) -> InfoResponse:
         return self._call("GET", "/info", None, InfoResponse)
@@ -91,11 +110,16 @@ class VerifierClient:
         try:
             request = self._http.build_request(method, path, content=content, headers=headers)
             response = self._http.send(request)
-        except httpx.TimeoutException as exc:
-            raise VerifierUnavailable(f"the verifier at {self.base_url} timed out ({exc})") from exc
         except httpx.TransportError as exc:
+            # Lost on the way, or the verifier is restarting. Retrying is safe: a replayed
+            # /verify gets its recorded answer, a lost session a 404 the loop recovers from.
+            if attempt < self.max_retries:
+                self._pause(attempt, None)
+                return self._call(method, path, body, response_type, attempt + 1)
+            what = "timed out" if isinstance(exc, httpx.TimeoutException) else "cannot be reached"
             raise VerifierUnavailable(
-                f"cannot reach the verifier at {self.base_url}: {exc}"
+                f"the verifier at {self.base_url} {what} after {attempt + 1} tries "
+                f"(cannot reach the verifier: {exc})"
             ) from exc
         self.bytes_sent += (
             len(f"{method} {path} HTTP/1.1\r\n")
@@ -109,9 +133,10 @@ class VerifierClient:
             + 2
             + len(response.content)
         )
-        if response.status_code == 503 and attempt < self.max_retries:
-            # Full or still loading: the request was not taken, so sending it again is safe.
-            time.sleep(_retry_after(response))
+        if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+            # Full, loading or failing: the round was not committed, so sending it again
+            # is safe.
+            self._pause(attempt, response.headers.get("retry-after"))
             return self._call(method, path, body, response_type, attempt + 1)
         if response.status_code >= 400:
             raise _rejection(response)
@@ -126,11 +151,14 @@ class VerifierClient:
             ) from exc
 
 
-def _retry_after(response: httpx.Response, ceiling_s: float = 5.0) -> float:
-    try:
-        return min(max(float(response.headers.get("retry-after", "1")), 0.05), ceiling_s)
-    except ValueError:
-        return 1.0
+def backoff_s(attempt: int, retry_after: str | None, ceiling_s: float = 5.0) -> float:
+    """Retry-After when the server gave one, else exponential backoff with full jitter."""
+    if retry_after is not None:
+        try:
+            return min(max(float(retry_after), 0.05), ceiling_s)
+        except ValueError:
+            pass
+    return random.uniform(0.5, 1.5) * min(0.2 * 2**attempt, ceiling_s)
 
 
 def _rejection(response: httpx.Response) -> VerifierRejected:

@@ -21,7 +21,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from drafter.client import VerifierClient
 from drafter.errors import DrafterError, VerifierRejected, VerifierUnavailable, VocabularyMismatch
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
@@ -32,7 +31,7 @@ from drafter.openai_protocol import (
     Usage,
 )
 from drafter.output import TextDecoder
-from drafter.runner import RunOptions, draft_policy, load_checked_drafter
+from drafter.runner import RunOptions, connect, draft_policy, load_checked_drafter
 from drafter.stops import StopScanner
 from server.protocol import PrefillRequest, SamplingParams
 
@@ -85,7 +84,8 @@ class Outcome:
 class SpeculativeBackend:
     def __init__(self, options: RunOptions):
         self.options = options
-        self.client = VerifierClient(options.server, timeout=options.timeout, max_retries=1)
+        # A person is waiting on the other side: fail fast rather than retry for long.
+        self.client = connect(options, max_retries=1)
         self._model: DraftModel | None = None
         self._n_ctx = 0
         self.model_id = "hetero-specdecode"

@@ -35,6 +35,9 @@ class RunOptions:
     timeout: float = 60.0
     baseline: bool = False
     verbose: bool = False
+    api_key: str | None = None
+    ca_cert: Path | None = None
+    retries: int = 6
     sampling: SamplingParams = field(default_factory=SamplingParams)
     strategy: Strategy | None = None
     threshold: float | None = None
@@ -52,6 +55,16 @@ class Renderer(Protocol):
     def round(self, event: RoundEvent) -> None: ...
 
     def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None: ...
+
+
+def connect(options: RunOptions, max_retries: int | None = None) -> VerifierClient:
+    return VerifierClient(
+        options.server,
+        timeout=options.timeout,
+        api_key=options.api_key,
+        ca_cert=options.ca_cert,
+        max_retries=options.retries if max_retries is None else max_retries,
+    )
 
 
 def load_checked_drafter(client: VerifierClient, options: RunOptions) -> tuple[DraftModel, int]:
@@ -133,7 +146,7 @@ def measure_baseline(
 
 
 def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
-    with VerifierClient(options.server, timeout=options.timeout) as client:
+    with connect(options) as client:
         renderer.status(f"verifier {options.server}; loading {options.model.name}")
         model, n_ctx = load_checked_drafter(client, options)
         try:

@@ -67,7 +67,12 @@ class Session:
     strategy: Strategy
     threshold: float | None
     rng: np.random.Generator  # the session's own stream: a seed makes it reproducible
+    owner: str = "anonymous"  # the API key identity that opened it
     last_used: float = field(default_factory=time.monotonic)
+    # The last round's request and answer: a replay of it (a client that lost the
+    # response) gets the same answer and changes nothing.
+    last_round_key: tuple | None = None
+    last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
 
     @property
@@ -93,6 +98,14 @@ class VerifyWork:
     draft_probs: list[np.ndarray] | None
     start: int  # position of the pending token
     entries: list[BatchEntry]
+    round_key: tuple
+
+
+def _round_key(request: VerifyRequest) -> tuple:
+    probs = None
+    if request.draft_probs is not None:
+        probs = tuple(tuple(map(tuple, row)) for row in request.draft_probs)
+    return (request.n_past, tuple(request.draft_tokens), probs)
 
 
 def resolve_strategy(request: PrefillRequest) -> Strategy:
@@ -145,9 +158,10 @@ class Engine:
     def session_count(self) -> int:
         return len(self._sessions)
 
-    def session(self, session_id: str) -> Session:
+    def session(self, session_id: str, owner: str | None = None) -> Session:
         session = self._sessions.get(session_id)
-        if session is None:
+        # Another key's session answers exactly like a missing one: no probing for ids.
+        if session is None or (owner is not None and session.owner != owner):
             raise SessionNotFound(f"no session {session_id!r} (it ended, expired or was evicted)")
         self._sessions.move_to_end(session_id)
         session.last_used = time.monotonic()
@@ -175,7 +189,9 @@ class Engine:
 
     # -- prefill, in chunks the scheduler interleaves with other sessions' rounds --------
 
-    def begin_prefill(self, request: PrefillRequest, busy: set[str]) -> PrefillWork:
+    def begin_prefill(
+        self, request: PrefillRequest, busy: set[str], owner: str = "anonymous"
+    ) -> PrefillWork:
         """Validate and reserve a KV sequence; `busy` sessions (work queued) are never
         evicted to make room."""
         strategy = resolve_strategy(request)
@@ -191,6 +207,7 @@ class Engine:
             strategy=strategy,
             threshold=request.threshold,
             rng=np.random.default_rng(request.sampling.seed),
+            owner=owner,
         )
         return PrefillWork(session=session, to_evaluate=prompt_ids[:-1])
 
@@ -226,8 +243,13 @@ class Engine:
 
     # -- verify rounds ----------------------------------------------------------------
 
-    def begin_verify(self, request: VerifyRequest) -> VerifyWork:
-        session = self.session(request.session_id)
+    def begin_verify(
+        self, request: VerifyRequest, owner: str | None = None
+    ) -> VerifyWork | VerifyResponse:
+        """The round's work, or, for a replay of the last round, its recorded answer."""
+        session = self.session(request.session_id, owner)
+        if session.last_round_key == _round_key(request) and session.last_response:
+            return session.last_response
         draft_tokens = list(request.draft_tokens)
         self._check_round(session, request.n_past, draft_tokens)
         draft_probs = None
@@ -238,7 +260,7 @@ class Engine:
             BatchEntry(token=t, pos=start + i, seq_id=session.seq_id, want_logits=True)
             for i, t in enumerate([session.tokens[-1], *draft_tokens])
         ]
-        return VerifyWork(session, draft_tokens, draft_probs, start, entries)
+        return VerifyWork(session, draft_tokens, draft_probs, start, entries, _round_key(request))
 
     def finish_verify(
         self, work: VerifyWork, logits: np.ndarray, decode_ms: float
@@ -252,7 +274,7 @@ class Engine:
         self.runtime.remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
         session.tokens.extend(verdict.tokens)
         session.last_used = time.monotonic()
-        return VerifyResponse(
+        response = VerifyResponse(
             accepted_prefix_len=verdict.accepted_prefix_len,
             tokens=verdict.tokens,
             preds=target_tokens,
@@ -262,6 +284,8 @@ class Engine:
             lossless=LOSSLESS[session.strategy],
             timings=RoundTimings(decode_ms=round(decode_ms, 3), decoded_tokens=len(work.entries)),
         )
+        session.last_round_key, session.last_response = work.round_key, response
+        return response
 
     def abort_verify(self, work: VerifyWork) -> None:
         """Undo a round whose decode failed: the session is exactly as before."""
@@ -279,8 +303,8 @@ class Engine:
             self._release(session)
         return [s.session_id for s in expired]
 
-    def delete_session(self, session_id: str) -> None:
-        session = self.session(session_id)
+    def delete_session(self, session_id: str, owner: str | None = None) -> None:
+        session = self.session(session_id, owner)
         self._release(session)
 
     def discard_session(self, session_id: str) -> None:
@@ -361,7 +385,8 @@ class Engine:
         if n_past != committed:
             raise NPastMismatch(
                 f"n_past={n_past} but the session has {committed} committed tokens "
-                f"(total_tokens={committed})"
+                f"(total_tokens={committed})",
+                headers={"X-Total-Tokens": str(committed)},
             )
         if len(draft_tokens) > self.max_draft:
             raise DraftTooLong(

@@ -8,6 +8,7 @@ other sessions' rounds.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from server.protocol import (
     GenerateRequest,
@@ -19,18 +20,24 @@ from server.protocol import (
 from server.scheduler import BatchScheduler
 
 
-async def generate(scheduler: BatchScheduler, request: GenerateRequest) -> GenerateResponse:
+async def generate(
+    scheduler: BatchScheduler,
+    request: GenerateRequest,
+    owner: str = "anonymous",
+    client_gone: Callable[[], Awaitable[bool]] | None = None,
+) -> GenerateResponse:
+    """The verifier alone; stops early (freeing its session) if the client went away."""
     began = time.perf_counter()
     engine = scheduler.engine
     prefill = await scheduler.prefill(
         PrefillRequest(
-            prompt=request.prompt,
-            prompt_tokens=request.prompt_tokens,
+            **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),
             add_bos=request.add_bos,
             sampling=request.sampling,
             # With no drafts every strategy is plain sampling from p; match needs no probs.
             strategy=None if request.sampling.greedy else "match",
         ),
+        owner,
     )
     prompt_done = time.perf_counter()
     tokens: list[int] = []
@@ -38,8 +45,10 @@ async def generate(scheduler: BatchScheduler, request: GenerateRequest) -> Gener
     total_tokens = prefill.total_tokens
     try:
         while len(tokens) < request.max_tokens and total_tokens <= engine.n_ctx:
+            if client_gone is not None and await client_gone():
+                break
             step = await scheduler.verify(
-                VerifyRequest(session_id=prefill.session_id, n_past=total_tokens)
+                VerifyRequest(session_id=prefill.session_id, n_past=total_tokens), owner
             )
             tokens.extend(step.tokens)
             total_tokens = step.total_tokens

@@ -20,6 +20,7 @@ from server.protocol import ErrorBody
 from server.routes import generate, service, sessions
 from server.runtime import LlamaRuntime
 from server.scheduler import BatchScheduler
+from server.security import ApiKeys, GuardMiddleware
 from server.settings import VerifierSettings, get_settings
 from server.state import AppState
 
@@ -88,13 +89,17 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         responses={
             400: {"model": ErrorBody},
+            401: {"model": ErrorBody},
             404: {"model": ErrorBody},
             409: {"model": ErrorBody},
+            413: {"model": ErrorBody},
             422: {"model": ErrorBody},
             503: {"model": ErrorBody},
         },
     )
     install_error_handlers(app)
+    keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
+    app.add_middleware(GuardMiddleware, keys=keys, max_body_bytes=settings.max_body_bytes)
     for module in (sessions, generate, service):
         app.include_router(module.router)
 

@@ -10,11 +10,13 @@ import hashlib
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 PROTOCOL_VERSION = 1
 
-TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+# Strict: "1", 1.0 or true are not token ids; a client that sends them has a bug.
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**31)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Strategy = Literal["greedy", "rejection", "match", "threshold"]
 # Which strategies keep the output distributed exactly as the verifier's own.
 LOSSLESS: dict[str, bool] = {"greedy": True, "rejection": True, "match": True, "threshold": False}
@@ -40,8 +42,13 @@ class SamplingParams(WireModel):
 
 
 class PromptInput(WireModel):
-    prompt: str | None = Field(None, max_length=4 << 20)
-    prompt_tokens: list[TokenId] | None = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)
+    # Exactly one of the two, said in the schema too (OpenAPI clients and fuzzers read it).
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["prompt_tokens"]}]}
+    )
+
+    prompt: str = Field(None, max_length=4 << 20)
+    prompt_tokens: list[TokenId] = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)
     add_bos: bool = Field(True, description="add BOS if the model's vocabulary asks for it")
 
     @model_validator(mode="after")
@@ -74,9 +81,13 @@ class PrefillResponse(WireModel):
 
 class VerifyRequest(WireModel):
     session_id: str = Field(min_length=1, max_length=128)
-    n_past: int = Field(ge=0, lt=2**31, description="tokens the drafter believes are committed")
+    n_past: Annotated[int, Strict()] = Field(
+        ge=0, lt=2**31, description="tokens the drafter believes are committed"
+    )
     draft_tokens: list[TokenId] = Field(default_factory=list, max_length=MAX_DRAFT_SCHEMA)
-    draft_probs: list[list[tuple[TokenId, float]]] | None = Field(None, max_length=MAX_DRAFT_SCHEMA)
+    draft_probs: list[list[tuple[TokenId, Probability]]] | None = Field(
+        None, max_length=MAX_DRAFT_SCHEMA
+    )
 
 
 class RoundTimings(WireModel):

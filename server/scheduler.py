@@ -35,6 +35,7 @@ class _Job:
     future: Future
     session_id: str | None  # the session it touches (None for a new prefill)
     request: Any = None
+    owner: str = "anonymous"
     call: Callable[[], Any] | None = None  # engine work that needs no decode
     work: PrefillWork | VerifyWork | None = None
     queued_at: float = field(default_factory=time.perf_counter)
@@ -62,11 +63,11 @@ class BatchScheduler:
 
     # -- the API the routes use (any thread, any event loop) --------------------------
 
-    async def prefill(self, request: PrefillRequest) -> PrefillResponse:
-        return await self._submit(_Job(Future(), None, request=request))
+    async def prefill(self, request: PrefillRequest, owner: str = "anonymous") -> PrefillResponse:
+        return await self._submit(_Job(Future(), None, request=request, owner=owner))
 
-    async def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return await self._submit(_Job(Future(), request.session_id, request=request))
+    async def verify(self, request: VerifyRequest, owner: str = "anonymous") -> VerifyResponse:
+        return await self._submit(_Job(Future(), request.session_id, request=request, owner=owner))
 
     async def call(self, fn: Callable[[], Any], session_id: str | None = None) -> Any:
         """Run engine work that needs no decode (delete, detokenize) on the engine thread."""
@@ -160,10 +161,14 @@ class BatchScheduler:
     def _begin(self, job: _Job) -> bool:
         try:
             if isinstance(job.request, PrefillRequest):
-                job.work = self.engine.begin_prefill(job.request, self._busy_sessions())
+                job.work = self.engine.begin_prefill(job.request, self._busy_sessions(), job.owner)
                 job.session_id = job.work.session.session_id
-            else:
-                job.work = self.engine.begin_verify(job.request)
+                return True
+            work = self.engine.begin_verify(job.request, job.owner)
+            if isinstance(work, VerifyResponse):  # a replay: answered without a decode
+                self._finish(job, lambda: work)
+                return False
+            job.work = work
             return True
         except Exception as exc:
             self._fail(job, exc)

@@ -30,6 +30,13 @@ class VerifierSettings(BaseSettings):
     max_generate_tokens: int = Field(
         2048, ge=1, description="upper bound on max_tokens for /generate"
     )
+    api_keys: str = Field(
+        "", description="comma-separated API keys; empty (and no key file) = no auth"
+    )
+    api_key_file: Path | None = Field(None, description="file with one API key per line")
+    max_body_bytes: int = Field(
+        4 << 20, ge=1024, description="largest request body; larger gets 413"
+    )
     # Batched and one-at-a-time decoding agree bit for bit only with flash attention on
     # (see DESIGN.md, Numerics); turning it off breaks greedy losslessness.
     flash_attn: bool = Field(True, description="use flash attention (needed for exactness)")

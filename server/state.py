@@ -35,5 +35,10 @@ def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchSchedu
     return state.scheduler
 
 
+def key_id(request: Request) -> str:
+    """Who is calling: the identity the API-key guard put on the request."""
+    return getattr(request.state, "key_id", "anonymous")
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
 SchedulerDep = Annotated[BatchScheduler, Depends(get_scheduler)]

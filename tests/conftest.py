@@ -45,9 +45,16 @@ def free_port() -> int:
 class LiveVerifier:
     """`uvicorn server.main:app` in a subprocess on 127.0.0.1."""
 
-    def __init__(self, env: dict[str, str]):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(
+        self,
+        env: dict[str, str],
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        scheme: str = "http",
+    ):
+        self.port = port or free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.env = env
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"verifier-{self.port}.log"
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
@@ -62,6 +69,7 @@ class LiveVerifier:
                 str(self.port),
                 "--log-level",
                 "warning",
+                *extra_args,
             ],
             cwd=REPO_ROOT,
             env={**os.environ, **env},
@@ -75,7 +83,7 @@ class LiveVerifier:
             if self.process.poll() is not None:
                 raise RuntimeError(f"verifier exited: {self.log_path.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=1.0, verify=False).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -92,7 +100,13 @@ class LiveVerifier:
         self._log.close()
 
 
-def start_verifier(model: Path, **settings: object) -> LiveVerifier:
+def start_verifier(
+    model: Path,
+    port: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    scheme: str = "http",
+    **settings: object,
+) -> LiveVerifier:
     env = {
         "VERIFIER_MODEL_PATH": str(model),
         "VERIFIER_N_CTX": str(TEST_N_CTX),
@@ -100,7 +114,7 @@ def start_verifier(model: Path, **settings: object) -> LiveVerifier:
         "VERIFIER_MAX_SESSIONS": "4",
     }
     env.update({f"VERIFIER_{k.upper()}": str(v) for k, v in settings.items()})
-    verifier = LiveVerifier(env)
+    verifier = LiveVerifier(env, port=port, extra_args=extra_args, scheme=scheme)
     try:
         verifier.wait_ready()
     except Exception:

@@ -1,20 +1,20 @@
 """The verifier alone, for baselines and as a fallback."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from server.errors import ContextOverflow
 from server.generation import generate as run_generation
 from server.protocol import GenerateRequest, GenerateResponse
-from server.state import SchedulerDep, StateDep
+from server.state import SchedulerDep, StateDep, key_id
 
 router = APIRouter(tags=["generate"])
 
 
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(
-    request: GenerateRequest, scheduler: SchedulerDep, state: StateDep
+    request: GenerateRequest, scheduler: SchedulerDep, state: StateDep, http: Request
 ) -> GenerateResponse:
     limit = state.settings.max_generate_tokens
     if request.max_tokens > limit:
         raise ContextOverflow(f"max_tokens={request.max_tokens} exceeds this server's {limit}")
-    return await run_generation(scheduler, request)
+    return await run_generation(scheduler, request, key_id(http), http.is_disconnected)

@@ -118,7 +118,9 @@ def test_vocabulary_mismatch_names_both_models(live_verifier, tmp_path):
 
 
 def test_unreachable_verifier_is_a_clear_error():
-    result = invoke("--server", "http://127.0.0.1:9", "--prompt", "hi", "--timeout", "2")
+    result = invoke(
+        "--server", "http://127.0.0.1:9", "--prompt", "hi", "--timeout", "2", "--retries", "1"
+    )
     assert result.exit_code == 1
     assert "cannot reach the verifier" in " ".join(result.output.split())
 

@@ -1,0 +1,189 @@
+"""Faults: TLS, a lost response, kill -9 and restart, SIGTERM mid-round, a client that
+hangs up. Real models, real uvicorn on 127.0.0.1; outputs must equal undisturbed runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from drafter.cli import app
+from drafter.client import VerifierClient
+from drafter.loop import SpeculativeLoop
+from drafter.model import DraftModel
+from server.protocol import PrefillRequest, VerifyRequest
+from tests.conftest import TEST_N_CTX, TEST_THREADS, free_port, start_verifier
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "The rules of chess say that"
+NEW_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def draft_model(drafter_model):
+    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def undisturbed(live_verifier) -> list[int]:
+    return httpx.post(
+        f"{live_verifier.url}/generate",
+        json={"prompt": PROMPT, "max_tokens": NEW_TOKENS},
+        timeout=120,
+    ).json()["tokens"]
+
+
+def run_with_hook(url: str, model: DraftModel, hook, **client_args) -> tuple[list[int], object]:
+    model.reset()
+    with VerifierClient(url, timeout=30, **client_args) as client:
+        loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=TEST_N_CTX)
+        for i, _ in enumerate(loop.run(PrefillRequest(prompt=PROMPT), NEW_TOKENS)):
+            hook(i)
+        return loop.result.tokens, (loop.result.stats, client.retries_done)
+
+
+def test_a_round_over_https_with_a_private_ca(verifier_model, tmp_path, undisturbed):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    key_path, cert_path, ca_path = (tmp_path / n for n in ("key.pem", "cert.pem", "ca.pem"))
+    cert.private_key_pem.write_to_path(key_path)
+    cert.cert_chain_pems[0].write_to_path(cert_path)
+    ca.cert_pem.write_to_path(ca_path)
+    verifier = start_verifier(
+        verifier_model,
+        scheme="https",
+        extra_args=("--ssl-keyfile", str(key_path), "--ssl-certfile", str(cert_path)),
+    )
+    try:
+        runner = CliRunner()
+        args = [
+            "--server",
+            verifier.url,
+            "--prompt",
+            PROMPT,
+            "--max-tokens",
+            str(NEW_TOKENS),
+            "--output",
+            "json",
+            "--threads",
+            str(TEST_THREADS),
+        ]
+        trusted = runner.invoke(app, [*args, "--ca-cert", str(ca_path)])
+        assert trusted.exit_code == 0, trusted.output
+        assert json.loads(trusted.stdout)["tokens"] == undisturbed
+        untrusted = runner.invoke(app, [*args, "--retries", "0"])
+        assert untrusted.exit_code == 1
+        assert "certificate" in untrusted.output.lower()
+    finally:
+        verifier.stop()
+
+
+def test_a_lost_response_is_retried_safely(live_verifier, undisturbed):
+    """The verifier committed the round but the answer never arrived: the same request
+    again gets the same answer and commits nothing twice."""
+    with VerifierClient(live_verifier.url) as client:
+        opened = client.prefill(PrefillRequest(prompt=PROMPT))
+        request = VerifyRequest(
+            session_id=opened.session_id, n_past=opened.total_tokens, draft_tokens=undisturbed[:3]
+        )
+        lost = client.verify(request)  # pretend this answer was lost on the way
+        retried = client.verify(request)
+        assert retried == lost
+        following = client.verify(
+            VerifyRequest(session_id=opened.session_id, n_past=retried.total_tokens)
+        )
+        assert lost.tokens + following.tokens == undisturbed[: len(lost.tokens) + 1]
+        client.delete_session(opened.session_id)
+
+
+def test_kill_9_and_restart_mid_generation(verifier_model, draft_model, undisturbed):
+    port = free_port()
+    verifiers = [start_verifier(verifier_model, port=port)]
+
+    def crash_and_restart(i: int) -> None:
+        if i == 2:
+            verifiers[0].process.send_signal(signal.SIGKILL)
+            verifiers[0].process.wait()
+            # Comes back on the same port while the drafter is already retrying.
+            threading.Thread(
+                target=lambda: verifiers.append(start_verifier(verifier_model, port=port))
+            ).start()
+
+    try:
+        tokens, (stats, retries) = run_with_hook(verifiers[0].url, draft_model, crash_and_restart)
+        assert tokens == undisturbed
+        assert stats.recoveries == 1 and retries >= 1
+    finally:
+        time.sleep(0.5)
+        for verifier in verifiers:
+            verifier.stop()
+
+
+def test_sigterm_finishes_the_round_in_flight(verifier_model, draft_model, undisturbed):
+    port = free_port()
+    verifiers = [start_verifier(verifier_model, port=port)]
+    in_flight: dict[str, object] = {}
+
+    def generate_then_terminate(i: int) -> None:
+        if i != 2:
+            return
+        url = verifiers[0].url
+
+        def long_generate():
+            in_flight["response"] = httpx.post(
+                f"{url}/generate", json={"prompt": PROMPT, "max_tokens": NEW_TOKENS}, timeout=60
+            )
+
+        worker = threading.Thread(target=long_generate)
+        worker.start()
+        time.sleep(0.3)  # the generation is under way
+        verifiers[0].process.send_signal(signal.SIGTERM)
+        worker.join()
+        verifiers[0].process.wait(timeout=30)
+        verifiers.append(start_verifier(verifier_model, port=port))
+
+    try:
+        tokens, (stats, _) = run_with_hook(verifiers[0].url, draft_model, generate_then_terminate)
+        response = in_flight["response"]
+        assert response.status_code == 200, response.text
+        assert response.json()["tokens"] == undisturbed  # finished, not cut off
+        # uvicorn finishes gracefully, then re-raises SIGTERM for the conventional status.
+        assert verifiers[0].process.returncode in (0, -signal.SIGTERM)
+        assert tokens == undisturbed
+        assert stats.recoveries == 1
+    finally:
+        for verifier in verifiers:
+            verifier.stop()
+
+
+def test_a_client_that_hangs_up_leaves_no_session_behind(live_verifier):
+    def active_sessions() -> float:
+        text = httpx.get(f"{live_verifier.url}/metrics").text
+        return float(re.search(r"^verifier_active_sessions (\S+)$", text, re.M).group(1))
+
+    before = active_sessions()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{live_verifier.url}/generate",
+            json={"prompt": PROMPT, "max_tokens": 2000},
+            timeout=0.5,
+        )
+    deadline = time.monotonic() + 10
+    while active_sessions() > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert active_sessions() == before
+    # Nothing is stuck: the next request is served at once.
+    quick = httpx.post(
+        f"{live_verifier.url}/generate", json={"prompt": PROMPT, "max_tokens": 2}, timeout=10
+    )
+    assert quick.status_code == 200
