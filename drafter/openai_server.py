@@ -98,8 +98,8 @@ class SpeculativeBackend:
 
     def _ready(self) -> DraftModel:
         if self._model is None:
-            self._model, self._n_ctx = load_checked_drafter(self.client, self.options)
-            self.model_id = self.client.info().model
+            self._model, info = load_checked_drafter(self.client, self.options)
+            self._n_ctx, self.model_id = info.n_ctx, info.model
             log.info("draft model %s ready for verifier %s", self._model.name, self.options.server)
         return self._model
 

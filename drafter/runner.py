@@ -15,7 +15,13 @@ from drafter.errors import DrafterError
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
 from drafter.output import BaselineResult
-from server.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
+from server.protocol import (
+    GenerateRequest,
+    InfoResponse,
+    PrefillRequest,
+    SamplingParams,
+    Strategy,
+)
 
 # The drafter's cache holds the committed tokens plus up to k - 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
@@ -67,8 +73,10 @@ def connect(options: RunOptions, max_retries: int | None = None) -> VerifierClie
     )
 
 
-def load_checked_drafter(client: VerifierClient, options: RunOptions) -> tuple[DraftModel, int]:
-    """The draft model, refused unless its vocabulary is the verifier's; and n_ctx."""
+def load_checked_drafter(
+    client: VerifierClient, options: RunOptions
+) -> tuple[DraftModel, InfoResponse]:
+    """The draft model, refused unless its vocabulary is the verifier's; and /info."""
     info = client.info()
     check_protocol(info)
     if options.draft_n > info.max_draft:
@@ -93,7 +101,7 @@ def load_checked_drafter(client: VerifierClient, options: RunOptions) -> tuple[D
     except DrafterError:
         model.close()
         raise
-    return model, info.n_ctx
+    return model, info
 
 
 def prompt_request(model: DraftModel, options: RunOptions) -> PrefillRequest:
@@ -148,7 +156,8 @@ def measure_baseline(
 def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
     with connect(options) as client:
         renderer.status(f"verifier {options.server}; loading {options.model.name}")
-        model, n_ctx = load_checked_drafter(client, options)
+        model, info = load_checked_drafter(client, options)
+        n_ctx = info.n_ctx
         try:
             request = prompt_request(model, options)
             model.configure(draft_policy(options))

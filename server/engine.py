@@ -12,7 +12,6 @@ Not thread-safe: the app calls it only from the batch scheduler's thread
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections import OrderedDict
@@ -52,7 +51,7 @@ from server.protocol import (
     vocab_fingerprint,
 )
 from server.runtime import BatchEntry, LlamaRuntime
-from server.sampling import probabilities
+from server.sampling import dense, probabilities
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +247,8 @@ class Engine:
     ) -> VerifyWork | VerifyResponse:
         """The round's work, or, for a replay of the last round, its recorded answer."""
         session = self.session(request.session_id, owner)
-        if session.last_round_key == _round_key(request) and session.last_response:
+        round_key = _round_key(request)
+        if session.last_round_key == round_key and session.last_response:
             return session.last_response
         draft_tokens = list(request.draft_tokens)
         self._check_round(session, request.n_past, draft_tokens)
@@ -260,7 +260,7 @@ class Engine:
             BatchEntry(token=t, pos=start + i, seq_id=session.seq_id, want_logits=True)
             for i, t in enumerate([session.tokens[-1], *draft_tokens])
         ]
-        return VerifyWork(session, draft_tokens, draft_probs, start, entries, _round_key(request))
+        return VerifyWork(session, draft_tokens, draft_probs, start, entries, round_key)
 
     def finish_verify(
         self, work: VerifyWork, logits: np.ndarray, decode_ms: float
@@ -357,13 +357,11 @@ class Engine:
         n_vocab = self.runtime.n_vocab
         rows = []
         for i, (token, row) in enumerate(zip(draft_tokens, pairs, strict=True)):
-            q = np.zeros(n_vocab, dtype=np.float64)
-            for token_id, prob in row:
+            # Probabilities are already in [0, 1] and finite (the wire schema says so).
+            for token_id, _ in row:
                 if not 0 <= token_id < n_vocab:
                     raise InvalidToken(f"draft_probs[{i}] names token {token_id}")
-                if not (math.isfinite(prob) and 0.0 <= prob <= 1.0):
-                    raise InvalidDraftProbs(f"draft_probs[{i}] has probability {prob}")
-                q[token_id] += prob
+            q = dense(row, n_vocab)
             total = q.sum()
             if abs(total - 1.0) > 1e-3:
                 raise InvalidDraftProbs(f"draft_probs[{i}] sums to {total:.6f}, not 1")
