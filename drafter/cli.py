@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from drafter.draft_length import parse_draft_n
 from drafter.errors import DrafterError
 from drafter.output import JsonRenderer, TextRenderer
 from drafter.runner import RunOptions, run
@@ -44,8 +45,58 @@ ModelOpt = Annotated[
     ),
 ]
 PromptOpt = Annotated[str | None, typer.Option("--prompt", help="the prompt text")]
+
+
+def _draft_n(value: str) -> int | str:
+    try:
+        k = parse_draft_n(value)
+    except ValueError:
+        raise typer.BadParameter("a number of tokens (0-256) or 'auto'") from None
+    if k is not None and k > 256:
+        raise typer.BadParameter("at most 256")
+    return "auto" if k is None else k
+
+
 DraftNOpt = Annotated[
-    int, typer.Option("--draft-n", min=0, max=256, help="tokens drafted per round (k)")
+    str,
+    typer.Option(
+        "--draft-n",
+        help="tokens drafted per round (k), or 'auto': +2 after a fully accepted round, "
+        "-1 after a rejection (HF's heuristic schedule)",
+    ),
+]
+
+
+class DrafterChoice(StrEnum):
+    model = "model"
+    ngram = "ngram"
+    model_ngram = "model+ngram"
+
+
+DrafterOpt = Annotated[
+    DrafterChoice,
+    typer.Option(
+        "--drafter",
+        help="model | ngram (prompt lookup, no model) | model+ngram (lookup, else the model)",
+    ),
+]
+PipelineOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--pipeline/--no-pipeline",
+        help="draft the next round while this one is verified (default: on with a model "
+        "drafter, except for seeded sampling)",
+        show_default=False,
+    ),
+]
+PMinOpt = Annotated[
+    float,
+    typer.Option(
+        "--p-min",
+        min=0.0,
+        max=1.0,
+        help="stop a draft where the draft model's probability falls below this (0 = off)",
+    ),
 ]
 MaxTokensOpt = Annotated[
     int, typer.Option("--max-tokens", min=1, help="tokens to generate at most")
@@ -108,7 +159,10 @@ def generate(
     server: ServerOpt = DEFAULT_SERVER,
     model: ModelOpt = DEFAULT_DRAFTER_MODEL,
     prompt: PromptOpt = None,
-    draft_n: DraftNOpt = 4,
+    draft_n: DraftNOpt = "4",
+    drafter: DrafterOpt = DrafterChoice.model,
+    pipeline: PipelineOpt = None,
+    p_min: PMinOpt = 0.0,
     max_tokens: MaxTokensOpt = 80,
     chat: ChatOpt = False,
     system: SystemOpt = None,
@@ -150,7 +204,10 @@ def generate(
         prompt=prompt,
         chat=chat,
         system=system,
-        draft_n=draft_n,
+        draft_n=_draft_n(draft_n),
+        drafter=drafter.value,
+        pipeline=pipeline,
+        p_min=p_min,
         max_tokens=max_tokens,
         n_gpu_layers=n_gpu_layers,
         threads=threads,
@@ -172,7 +229,10 @@ def serve(
     model: ModelOpt = DEFAULT_DRAFTER_MODEL,
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
-    draft_n: DraftNOpt = 4,
+    draft_n: DraftNOpt = "4",
+    drafter: DrafterOpt = DrafterChoice.model,
+    pipeline: PipelineOpt = None,
+    p_min: PMinOpt = 0.0,
     n_gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = 0,
     timeout: TimeoutOpt = 60.0,
@@ -188,7 +248,10 @@ def serve(
         server=server,
         model=model,
         prompt="",
-        draft_n=draft_n,
+        draft_n=_draft_n(draft_n),
+        drafter=drafter.value,
+        pipeline=pipeline,
+        p_min=p_min,
         n_gpu_layers=n_gpu_layers,
         threads=threads,
         timeout=timeout,

@@ -3,18 +3,26 @@
 Each round: draft k tokens locally, send them with n_past, commit what the verifier
 returns (accepted drafts plus one target token). No printing here: the caller gets one
 `RoundEvent` per round and renders it.
+
+Pipelined, the request goes out on a second thread and the drafter keeps drafting past it
+as if every draft were accepted, its first extra token being its guess of the target's
+token; when the answer agrees, that work is the next draft (the drafter keeps it, see
+drafter/model.py), otherwise it is dropped. What is committed is still only what the
+verifier returned: pipelining changes when drafts are made, never what is accepted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
 
+from drafter.draft_length import DraftLength, FixedLength
 from drafter.errors import VerifierRejected
 from drafter.stats import GenerationStats
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
@@ -28,10 +36,13 @@ MAX_RECOVERIES_IN_A_ROW = 3
 class Draft(Protocol):
     tokens: list[int]
     probs: Sequence[np.ndarray] | None  # q per position, sent when drafts were sampled
+    reused: int  # leading tokens drafted while the previous round was in flight
 
 
 class CandidateGenerator(Protocol):
-    def get_candidates(self, committed: Sequence[int], k: int) -> Draft: ...
+    def get_candidates(
+        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
+    ) -> Draft: ...
 
     def update_candidate_strategy(
         self, draft_tokens: Sequence[int], accepted_prefix_len: int
@@ -73,15 +84,19 @@ class SpeculativeLoop:
         drafter: CandidateGenerator,
         verifier: Verifier,
         *,
-        draft_n: int,
+        draft_n: int | DraftLength,
         n_ctx: int,
+        pipeline: bool = False,
     ):
-        if draft_n < 0:
-            raise ValueError("draft_n must be >= 0")
+        if isinstance(draft_n, int):
+            if draft_n < 0:
+                raise ValueError("draft_n must be >= 0")
+            draft_n = FixedLength(draft_n)
         self.drafter = drafter
         self.verifier = verifier
-        self.draft_n = draft_n
+        self.draft_length = draft_n
         self.n_ctx = n_ctx
+        self.pipeline = pipeline
         self.result = SpeculativeResult()
 
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
@@ -91,12 +106,14 @@ class SpeculativeLoop:
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         began = time.perf_counter()
         opened = self.verifier.prefill(prefill)
+        stats.prefill_time_s = time.perf_counter() - began
         result.prompt_ids = list(opened.prompt_ids)
         result.strategy, result.lossless = opened.strategy, opened.lossless
         stats.prompt_tokens = opened.prompt_len
         committed = list(opened.prompt_ids)
         session_id = opened.session_id
         lost_in_a_row = 0
+        sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         try:
             while True:
                 remaining = max_tokens - len(result.tokens)
@@ -108,20 +125,24 @@ class SpeculativeLoop:
                     result.finish_reason = "context_full"
                     break
                 # A round commits at most k + 1 tokens: never more than asked for.
-                k = min(self.draft_n, remaining - 1, room)
+                k = min(self.draft_length.next(), remaining - 1, room)
+                drafting = time.perf_counter()
                 draft = self.drafter.get_candidates(committed, k)
+                stats.draft_time_s += time.perf_counter() - drafting
                 draft_tokens = list(draft.tokens)
+                request = VerifyRequest(
+                    session_id=session_id,
+                    n_past=len(committed),
+                    draft_tokens=draft_tokens,
+                    draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
+                )
                 try:
-                    verdict = self.verifier.verify(
-                        VerifyRequest(
-                            session_id=session_id,
-                            n_past=len(committed),
-                            draft_tokens=draft_tokens,
-                            draft_probs=None
-                            if draft.probs is None
-                            else [sparse(q) for q in draft.probs],
+                    if sender is None:
+                        verdict, round_trip_s = self._timed_verify(request)
+                    else:
+                        verdict, round_trip_s = self._verify_drafting_ahead(
+                            sender, request, committed, k
                         )
-                    )
                 except VerifierRejected as exc:
                     if exc.error_type == "context_overflow":
                         result.finish_reason = "context_full"
@@ -142,8 +163,15 @@ class SpeculativeLoop:
                 stats.rounds += 1
                 stats.drafted += len(draft_tokens)
                 stats.accepted += verdict.accepted_prefix_len
+                stats.rejected_rounds += verdict.accepted_prefix_len < len(draft_tokens)
+                stats.reused_drafts += draft.reused
+                by_len = stats.rounds_by_draft_len
+                by_len[len(draft_tokens)] = by_len.get(len(draft_tokens), 0) + 1
+                stats.round_trip_s += round_trip_s
+                stats.verifier_time_s += verdict.timings.engine_ms / 1000.0
                 stats.generated_tokens = len(result.tokens)
                 self.drafter.update_candidate_strategy(draft_tokens, verdict.accepted_prefix_len)
+                self.draft_length.update(len(draft_tokens), verdict.accepted_prefix_len)
                 yield RoundEvent(
                     draft_tokens=draft_tokens,
                     accepted_prefix_len=verdict.accepted_prefix_len,
@@ -154,10 +182,28 @@ class SpeculativeLoop:
                     result.finish_reason = "eos"
                     break
         finally:
+            if sender is not None:
+                sender.shutdown(wait=True)
             stats.total_time_s = time.perf_counter() - began
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0
             self._close_session(session_id)
+
+    def _timed_verify(self, request: VerifyRequest) -> tuple[VerifyResponse, float]:
+        began = time.perf_counter()
+        verdict = self.verifier.verify(request)
+        return verdict, time.perf_counter() - began
+
+    def _verify_drafting_ahead(
+        self, sender: ThreadPoolExecutor, request: VerifyRequest, committed: list[int], k: int
+    ) -> tuple[VerifyResponse, float]:
+        """Send the round, and draft the next one while it is out: the guess of the
+        target's token and up to k after it, stopping as soon as the answer is in."""
+        in_flight: Future = sender.submit(self._timed_verify, request)
+        ahead = [*committed, *request.draft_tokens]
+        if len(ahead) + k + 1 < self.n_ctx:
+            self.drafter.get_candidates(ahead, k + 1, stop=in_flight.done)
+        return in_flight.result()
 
     def _reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
         reopened = self.verifier.prefill(

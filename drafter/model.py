@@ -5,11 +5,15 @@ Shaped like HF transformers' CandidateGenerator: `get_candidates` drafts,
 committed tokens by longest common prefix, so after each round only the rejected drafts
 are dropped and only new tokens (the target's token, at most one unevaluated draft) are
 evaluated.
+
+The last drafted chain is remembered: when the committed tokens turn out to be a prefix
+of it (pipelining drafted past the round in flight, and its guess of the target's token
+was right), its tokens are the next draft without evaluating anything again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +30,8 @@ SEQ_ID = 0
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
 # exactly that cut q, which keeps rejection sampling lossless (server/sampling.py).
 MAX_Q_SUPPORT = 32
+# Logits rows kept for cutting the cache back without a decode: two rounds of drafts.
+MAX_KEPT_LOGITS = 40
 
 
 @dataclass
@@ -36,11 +42,15 @@ class DraftPolicy:
     sample_drafts: bool = False
     seed: int | None = None
     max_support: int = MAX_Q_SUPPORT
+    # Stop drafting where the model's own probability of its draft falls below p_min
+    # (llama.cpp's speculative p_min); 0 drafts all k.
+    p_min: float = 0.0
 
 
 class Draft(NamedTuple):
     tokens: list[int]
     probs: list[np.ndarray] | None  # q per position (dense), when drafts were sampled
+    reused: int = 0  # leading tokens taken from the chain drafted ahead
 
 
 def default_gpu_layers() -> int:
@@ -73,12 +83,16 @@ class DraftModel:
         self.name = self.runtime.metadata("general.name") or self.model_path.stem
         self._cached: list[int] = []  # tokens whose KV entries are in the cache
         self._last_logits: np.ndarray | None = None
+        # Logits after the cached token at each position, for the positions of the last
+        # chain: so a cache that runs ahead of `committed` is cut back without a decode.
+        self._logits_at: dict[int, np.ndarray] = {}
         self.decoded_tokens = 0
         self.configure(DraftPolicy())
 
     def configure(self, policy: DraftPolicy) -> None:
         self.policy = policy
         self._rng = np.random.default_rng(policy.seed)
+        self._forget_chain()
 
     @property
     def vocab_hash(self) -> str:
@@ -107,31 +121,45 @@ class DraftModel:
 
     # -- CandidateGenerator -----------------------------------------------------------
 
-    def get_candidates(self, committed: Sequence[int], k: int) -> Draft:
-        """Up to k draft tokens following `committed` (stops early at EOG)."""
+    def get_candidates(
+        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
+    ) -> Draft:
+        """Up to k draft tokens following `committed`; fewer at EOG, where the model's
+        probability of its draft falls below p_min, or when `stop()` turns true (checked
+        between tokens: pipelining stops when the verifier's answer is in)."""
+        sampled = self.policy.sample_drafts
         if k <= 0:
-            return Draft([], [] if self.policy.sample_drafts else None)
-        logits = self._sync(committed)
-        draft_tokens: list[int] = []
-        draft_probs: list[np.ndarray] = []
-        while True:
-            if self.policy.sample_drafts:
-                q = cap_support(
-                    probabilities(logits, self.policy.sampling), self.policy.max_support
-                )
-                token = sample(q, self._rng)
+            return Draft([], [] if sampled else None)
+        draft_tokens, draft_probs = self._reusable(committed, k)
+        reused = len(draft_tokens)
+        if len(draft_tokens) < k and not (draft_tokens and self.runtime.is_eog(draft_tokens[-1])):
+            logits = self._sync([*committed, *draft_tokens])
+            while True:
+                q = None
+                if sampled:
+                    q = cap_support(
+                        probabilities(logits, self.policy.sampling), self.policy.max_support
+                    )
+                    token = sample(q, self._rng)
+                else:
+                    token = int(np.argmax(logits))
+                if self.policy.p_min > 0 and _confidence(logits, token, q) < self.policy.p_min:
+                    break
+                draft_tokens.append(token)
                 draft_probs.append(q)
-            else:
-                token = int(np.argmax(logits))
-            draft_tokens.append(token)
-            if len(draft_tokens) == k or self.runtime.is_eog(token):
-                return Draft(draft_tokens, draft_probs if self.policy.sample_drafts else None)
-            logits = self._evaluate([token])
+                if len(draft_tokens) == k or self.runtime.is_eog(token) or (stop and stop()):
+                    break
+                logits = self._evaluate([token])
+        self._chain_start, self._chain = (
+            len(committed),
+            list(zip(draft_tokens, draft_probs, strict=True)),
+        )
+        return Draft(draft_tokens, draft_probs if sampled else None, reused)
 
     def update_candidate_strategy(
         self, draft_tokens: Sequence[int], accepted_prefix_len: int
     ) -> None:
-        """Fixed draft length for now; adaptive length will learn here."""
+        """Nothing to learn here: the draft length is the loop's (drafter/draft_length.py)."""
 
     def reset(self) -> None:
         """Forget the cache. A new, unrelated prompt should start here: this model's
@@ -140,25 +168,56 @@ class DraftModel:
         self.runtime.clear_all()
         self._cached = []
         self._last_logits = None
+        self._forget_chain()
 
     def close(self) -> None:
         self.runtime.close()
 
+    # -- the last drafted chain -------------------------------------------------------
+
+    def _forget_chain(self) -> None:
+        self._chain_start = 0
+        self._chain: list[tuple[int, np.ndarray | None]] = []
+
+    def _reusable(self, committed: Sequence[int], k: int) -> tuple[list[int], list]:
+        """The part of the last chain that follows `committed`, if `committed` runs along
+        that chain: it is exactly what drafting again from here would give (greedy), or a
+        draw from the same q (sampled)."""
+        n, start = len(committed), self._chain_start
+        if not self._chain or not start <= n < start + len(self._chain):
+            return [], []
+        chain_tokens = [t for t, _ in self._chain]
+        if list(committed[start:]) != chain_tokens[: n - start]:
+            return [], []
+        if self._cached[:start] != list(committed[:start]):
+            return [], []
+        reused = self._chain[n - start : n - start + k]
+        return [t for t, _ in reused], [q for _, q in reused]
+
     # -- KV cache ---------------------------------------------------------------------
 
-    def _sync(self, committed: Sequence[int]) -> np.ndarray:
-        """Make the cache hold exactly `committed`; return the logits after its last token."""
+    def _sync(self, tokens: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly `tokens`; return the logits after the last one."""
         common = 0
-        limit = min(len(self._cached), len(committed))
-        while common < limit and self._cached[common] == committed[common]:
+        limit = min(len(self._cached), len(tokens))
+        while common < limit and self._cached[common] == tokens[common]:
             common += 1
-        if common == len(committed) == len(self._cached) and self._last_logits is not None:
-            return self._last_logits
-        if common == len(committed):
+        if common == len(tokens):
+            kept = self._logits_at.get(common - 1)
+            if common == len(self._cached) and self._last_logits is not None:
+                return self._last_logits
+            if kept is not None:
+                self._truncate(common)
+                self._last_logits = kept
+                return kept
             common -= 1  # the last token's logits are needed: evaluate it again
-        self.runtime.remove(SEQ_ID, common)
-        del self._cached[common:]
-        return self._evaluate(committed[common:])
+        self._truncate(common)
+        return self._evaluate(tokens[common:])
+
+    def _truncate(self, length: int) -> None:
+        self.runtime.remove(SEQ_ID, length)
+        del self._cached[length:]
+        self._logits_at = {p: v for p, v in self._logits_at.items() if p < length}
 
     def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
         start = len(self._cached)
@@ -170,4 +229,16 @@ class DraftModel:
         self._cached.extend(tokens)
         self.decoded_tokens += len(tokens)
         self._last_logits = logits
+        # Only the chain's neighbourhood is worth keeping (a row is n_vocab floats).
+        last = len(self._cached) - 1
+        self._logits_at = {p: v for p, v in self._logits_at.items() if p > last - MAX_KEPT_LOGITS}
+        self._logits_at[last] = logits
         return logits
+
+
+def _confidence(logits: np.ndarray, token: int, q: np.ndarray | None) -> float:
+    """The draft model's probability of its own draft (from q when it sampled)."""
+    if q is not None:
+        return float(q[token])
+    shifted = np.exp(logits - logits.max())
+    return float(shifted[token] / shifted.sum())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -22,7 +23,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from drafter.errors import DrafterError, VerifierRejected, VerifierUnavailable, VocabularyMismatch
-from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from drafter.openai_protocol import (
     ChatCompletionRequest,
@@ -31,9 +31,9 @@ from drafter.openai_protocol import (
     Usage,
 )
 from drafter.output import TextDecoder
-from drafter.runner import RunOptions, connect, draft_policy, load_checked_drafter
+from drafter.runner import RunOptions, connect, load_checked_drafter, speculative_loop
 from drafter.stops import StopScanner
-from server.protocol import PrefillRequest, SamplingParams
+from server.protocol import InfoResponse, PrefillRequest, SamplingParams
 
 log = logging.getLogger("drafter.serve")
 
@@ -87,7 +87,7 @@ class SpeculativeBackend:
         # A person is waiting on the other side: fail fast rather than retry for long.
         self.client = connect(options, max_retries=1)
         self._model: DraftModel | None = None
-        self._n_ctx = 0
+        self._info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
         self._lock = threading.Lock()
 
@@ -98,8 +98,8 @@ class SpeculativeBackend:
 
     def _ready(self) -> DraftModel:
         if self._model is None:
-            self._model, info = load_checked_drafter(self.client, self.options)
-            self._n_ctx, self.model_id = info.n_ctx, info.model
+            self._model, self._info = load_checked_drafter(self.client, self.options)
+            self.model_id = self._info.model
             log.info("draft model %s ready for verifier %s", self._model.name, self.options.server)
         return self._model
 
@@ -117,17 +117,9 @@ class SpeculativeBackend:
             sampling = SamplingParams(
                 temperature=request.temperature, top_p=request.top_p, seed=request.seed
             )
-            options = RunOptions(
-                server=self.options.server,
-                model=self.options.model,
-                prompt=prompt,
-                sampling=sampling,
-            )
+            options = dataclasses.replace(self.options, prompt=prompt, sampling=sampling)
             model.reset()
-            model.configure(draft_policy(options))
-            loop = SpeculativeLoop(
-                model, self.client, draft_n=self.options.draft_n, n_ctx=self._n_ctx
-            )
+            loop = speculative_loop(model, self.client, self._info, options)
             decoder = TextDecoder(model.token_bytes)
             scanner = StopScanner(request.stop_list())
             outcome = Outcome()

@@ -109,8 +109,16 @@ class TextRenderer:
                 "bytes per round",
                 f"{stats.bytes_sent_per_round:,.0f} sent, "
                 f"{stats.bytes_received_per_round:,.0f} received",
-            )
+            ),
+            (
+                "time per round",
+                f"{stats.draft_time_s * 1000 / max(stats.rounds, 1):.1f} ms drafting, "
+                f"{stats.verifier_time_s * 1000 / max(stats.rounds, 1):.1f} ms verifier, "
+                f"{stats.protocol_overhead_ms:.1f} ms protocol and network",
+            ),
         ]
+        if stats.reused_drafts:
+            rows.append(("drafted while verifying", f"{stats.reused_drafts} of {stats.drafted}"))
         if baseline is not None:
             rows += [
                 ("baseline tokens/s", f"{baseline.tokens_per_s:.1f} (verifier alone, /generate)"),

@@ -7,13 +7,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
+from drafter.draft_length import AdaptiveLength, DraftLength, FixedLength
 from drafter.errors import DrafterError
-from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
+from drafter.loop import CandidateGenerator, RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
+from drafter.ngram import ModelWithNgram, NgramDrafter
 from drafter.output import BaselineResult
 from server.protocol import (
     GenerateRequest,
@@ -23,8 +25,10 @@ from server.protocol import (
     Strategy,
 )
 
-# The drafter's cache holds the committed tokens plus up to k - 1 unverified drafts.
+# The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
+
+DrafterKind = Literal["model", "ngram", "model+ngram"]
 
 
 @dataclass
@@ -34,7 +38,10 @@ class RunOptions:
     prompt: str
     chat: bool = False
     system: str | None = None
-    draft_n: int = 4
+    draft_n: int | Literal["auto"] = 4
+    drafter: DrafterKind = "model"
+    pipeline: bool | None = None  # None: on where it can help (see `use_pipeline`)
+    p_min: float = 0.0
     max_tokens: int = 80
     n_gpu_layers: int | None = None
     threads: int = 0
@@ -51,6 +58,16 @@ class RunOptions:
     @property
     def effective_strategy(self) -> Strategy:
         return self.strategy or ("greedy" if self.sampling.greedy else "rejection")
+
+    @property
+    def use_pipeline(self) -> bool:
+        """Pipelining overlaps model drafting with the round trip: nothing to overlap for
+        n-gram drafts. Off by default for seeded sampling: how far it drafts ahead
+        depends on timing, and so would the drafter's random draws, and the output."""
+        if self.pipeline is not None:
+            return self.pipeline
+        seeded_sampling = self.sampling.seed is not None and not self.sampling.greedy
+        return self.drafter != "ngram" and not seeded_sampling
 
 
 class Renderer(Protocol):
@@ -79,7 +96,7 @@ def load_checked_drafter(
     """The draft model, refused unless its vocabulary is the verifier's; and /info."""
     info = client.info()
     check_protocol(info)
-    if options.draft_n > info.max_draft:
+    if options.draft_n != "auto" and options.draft_n > info.max_draft:
         raise DrafterError(
             f"--draft-n {options.draft_n} exceeds the verifier's max_draft={info.max_draft}"
         )
@@ -128,6 +145,34 @@ def draft_policy(options: RunOptions) -> DraftPolicy:
         sample_drafts=options.effective_strategy == "rejection",
         # A stream of its own, unlike the verifier's, but fixed by the same seed.
         seed=None if seed is None else seed + 1,
+        p_min=options.p_min,
+    )
+
+
+def candidate_generator(model: DraftModel, options: RunOptions) -> CandidateGenerator:
+    """Who drafts: the draft model, prompt lookup, or prompt lookup with the model behind."""
+    if options.drafter == "model":
+        return model
+    ngram = NgramDrafter(model.n_vocab, sample_drafts=options.effective_strategy == "rejection")
+    return ngram if options.drafter == "ngram" else ModelWithNgram(ngram, model)
+
+
+def draft_length(options: RunOptions, info: InfoResponse) -> DraftLength:
+    if options.draft_n == "auto":
+        return AdaptiveLength(maximum=info.max_draft)
+    return FixedLength(options.draft_n)
+
+
+def speculative_loop(
+    model: DraftModel, client: VerifierClient, info: InfoResponse, options: RunOptions
+) -> SpeculativeLoop:
+    model.configure(draft_policy(options))
+    return SpeculativeLoop(
+        candidate_generator(model, options),
+        client,
+        draft_n=draft_length(options, info),
+        n_ctx=info.n_ctx,
+        pipeline=options.use_pipeline,
     )
 
 
@@ -157,11 +202,9 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
     with connect(options) as client:
         renderer.status(f"verifier {options.server}; loading {options.model.name}")
         model, info = load_checked_drafter(client, options)
-        n_ctx = info.n_ctx
         try:
             request = prompt_request(model, options)
-            model.configure(draft_policy(options))
-            loop = SpeculativeLoop(model, client, draft_n=options.draft_n, n_ctx=n_ctx)
+            loop = speculative_loop(model, client, info, options)
             renderer.start(model.token_bytes)
             for event in loop.run(request, options.max_tokens):
                 renderer.round(event)

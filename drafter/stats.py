@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STATS_KEYS = (
     "prompt_tokens",
@@ -19,6 +19,14 @@ STATS_KEYS = (
     "bytes_sent_per_round",
     "bytes_received_per_round",
     "recoveries",
+    "rejected_rounds",
+    "reused_drafts",
+    "prefill_time_s",
+    "draft_time_s",
+    "round_trip_s",
+    "verifier_time_s",
+    "protocol_overhead_ms",
+    "rounds_by_draft_len",
 )
 
 
@@ -33,6 +41,14 @@ class GenerationStats:
     bytes_sent: int = 0
     bytes_received: int = 0
     recoveries: int = 0  # new sessions opened after the verifier lost ours
+    rejected_rounds: int = 0  # rounds where a draft token was refused
+    reused_drafts: int = 0  # draft tokens made while the previous round was in flight
+    prefill_time_s: float = 0.0  # opening the session (the prompt's prefill)
+    draft_time_s: float = 0.0  # drafting while nothing was in flight (the critical path)
+    round_trip_s: float = 0.0  # /verify requests, sent to answered, as the drafter saw them
+    verifier_time_s: float = 0.0  # the verifier's own time for those rounds (engine_ms)
+    # How many rounds sent each draft length (k varies: auto, n-gram misses, the end).
+    rounds_by_draft_len: dict[int, int] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,7 +70,15 @@ class GenerationStats:
     def bytes_received_per_round(self) -> float:
         return self.bytes_received / self.rounds if self.rounds else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    @property
+    def protocol_overhead_ms(self) -> float:
+        """Per round: the round trip minus the verifier's own time (HTTP, JSON, threads,
+        the network)."""
+        if not self.rounds:
+            return 0.0
+        return (self.round_trip_s - self.verifier_time_s) * 1000.0 / self.rounds
+
+    def as_dict(self) -> dict[str, float | int | dict[int, int]]:
         return {
             key: round(value, 4) if isinstance(value, float) else value
             for key in STATS_KEYS

@@ -15,10 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +26,7 @@ from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from server import DEFAULT_DRAFTER_MODEL
+from server.local import LocalVerifier
 from server.protocol import PrefillRequest, VerifyRequest, VerifyResponse
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -127,42 +125,15 @@ def run_level(url: str, n: int, rounds: int, draft_n: int, threads: int, n_ctx: 
     }
 
 
-def spawn_verifier(max_sessions: int, threads: int) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def spawn_verifier(max_sessions: int, threads: int) -> LocalVerifier:
     env = {
-        **os.environ,
         "VERIFIER_MAX_SESSIONS": str(max_sessions),
         "VERIFIER_N_THREADS": str(threads),
         "VERIFIER_N_CTX": "1024",
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "server.main:app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise SystemExit("the verifier did not start")
+    verifier = LocalVerifier(env)
+    verifier.wait_ready()
+    return verifier
 
 
 def main() -> None:
@@ -174,10 +145,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per model")
     args = parser.parse_args()
     levels = [int(x) for x in args.drafters.split(",")]
-    process = None
+    verifier = None
     url = args.server
     if url is None:
-        process, url = spawn_verifier(max(levels), args.threads)
+        verifier = spawn_verifier(max(levels), args.threads)
+        url = verifier.url
     try:
         n_ctx = httpx.get(f"{url}/info").json()["n_ctx"]
         print(
@@ -200,9 +172,8 @@ def main() -> None:
             if row["first_error"]:
                 print(f"    first error: {row['first_error']}")
     finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=15)
+        if verifier is not None:
+            verifier.stop()
 
 
 if __name__ == "__main__":

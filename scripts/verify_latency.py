@@ -23,12 +23,14 @@ from drafter.client import VerifierClient
 from server.protocol import PrefillRequest, VerifyRequest
 
 
-def measure(client: VerifierClient, n_ctx_target: int, k: int, rounds: int) -> tuple[float, float]:
+def measure(
+    client: VerifierClient, n_ctx_target: int, k: int, rounds: int
+) -> tuple[float, float, float]:
     filler = list(range(1000, 1000 + 97))
     prompt = (filler * (n_ctx_target // len(filler) + 1))[:n_ctx_target]
     session = client.prefill(PrefillRequest(prompt_tokens=prompt, add_bos=False))
     n_past = session.total_tokens
-    decode_ms, round_ms = [], []
+    decode_ms, engine_ms, round_ms = [], [], []
     try:
         for _ in range(rounds):
             began = time.perf_counter()
@@ -41,10 +43,15 @@ def measure(client: VerifierClient, n_ctx_target: int, k: int, rounds: int) -> t
             )
             round_ms.append((time.perf_counter() - began) * 1000)
             decode_ms.append(result.timings.decode_ms)
+            engine_ms.append(result.timings.engine_ms)
             n_past = result.total_tokens
     finally:
         client.delete_session(session.session_id)
-    return statistics.median(decode_ms), statistics.median(round_ms)
+    return (
+        statistics.median(decode_ms),
+        statistics.median(engine_ms),
+        statistics.median(round_ms),
+    )
 
 
 def main() -> None:
@@ -60,14 +67,20 @@ def main() -> None:
             f"verifier: {info.model} {info.quantization}, n_ctx {info.n_ctx}, k = {args.k}, "
             f"median of {args.rounds} rounds"
         )
-        print("| context tokens | llama_decode ms | round trip ms | overhead ms |")
-        print("|---:|---:|---:|---:|")
+        print(
+            "| context tokens | llama_decode ms | engine ms | round trip ms "
+            "| overhead over engine ms |"
+        )
+        print("|---:|---:|---:|---:|---:|")
         for length in (int(x) for x in args.lengths.split(",")):
             if length + args.rounds * (args.k + 1) + args.k > info.n_ctx:
-                print(f"| {length} | (beyond n_ctx) | | |")
+                print(f"| {length} | (beyond n_ctx) | | | |")
                 continue
-            decode, round_trip = measure(client, length, args.k, args.rounds)
-            print(f"| {length} | {decode:.2f} | {round_trip:.2f} | {round_trip - decode:.2f} |")
+            decode, engine, round_trip = measure(client, length, args.k, args.rounds)
+            print(
+                f"| {length} | {decode:.2f} | {engine:.2f} | {round_trip:.2f} "
+                f"| {round_trip - engine:.2f} |"
+            )
 
 
 if __name__ == "__main__":

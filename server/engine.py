@@ -98,6 +98,7 @@ class VerifyWork:
     start: int  # position of the pending token
     entries: list[BatchEntry]
     round_key: tuple
+    began: float = field(default_factory=time.perf_counter)
 
 
 def _round_key(request: VerifyRequest) -> tuple:
@@ -282,7 +283,11 @@ class Engine:
             eos=verdict.eos,
             strategy=session.strategy,
             lossless=LOSSLESS[session.strategy],
-            timings=RoundTimings(decode_ms=round(decode_ms, 3), decoded_tokens=len(work.entries)),
+            timings=RoundTimings(
+                decode_ms=round(decode_ms, 3),
+                engine_ms=round((time.perf_counter() - work.began) * 1000.0, 3),
+                decoded_tokens=len(work.entries),
+            ),
         )
         session.last_round_key, session.last_response = work.round_key, response
         return response

@@ -5,7 +5,10 @@ All of them share one body: {"error": {"code", "type", "message"}} (DESIGN.md).
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,15 +79,44 @@ class EngineFailure(APIError):
     error_type = "engine_busy"
 
 
+def error_body(status_code: int, error_type: str, message: str) -> dict:
+    return {"error": {"code": status_code, "type": error_type, "message": message}}
+
+
 def error_response(
     status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    body = {"error": {"code": status_code, "type": error_type, "message": message}}
-    return JSONResponse(body, status_code=status_code, headers=headers)
+    return JSONResponse(
+        error_body(status_code, error_type, message), status_code=status_code, headers=headers
+    )
 
 
-def _describe_validation(exc: RequestValidationError) -> tuple[int, str, str]:
-    errors = exc.errors()
+async def send_error(
+    send,
+    status_code: int,
+    error_type: str,
+    message: str,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """The same error, from pure ASGI code (the guard, the /verify lane)."""
+    body = json.dumps(error_body(status_code, error_type, message)).encode()
+    await send_json(send, status_code, body, headers)
+
+
+async def send_json(
+    send, status_code: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    start_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status_code, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def describe_validation(errors: Sequence[dict[str, Any]]) -> tuple[int, str, str]:
+    """(status, type, message) for pydantic's errors, as FastAPI or the lane found them."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return 400, "malformed_json", "the request body is not valid JSON"
     parts = []
@@ -101,7 +133,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(*_describe_validation(exc))
+        return error_response(*describe_validation(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

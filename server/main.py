@@ -11,11 +11,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from server.engine import Engine
 from server.errors import install_error_handlers
-from server.metrics import VerifierMetrics
+from server.metrics import RequestMetricsMiddleware, VerifierMetrics
 from server.protocol import ErrorBody
 from server.routes import generate, service, sessions
 from server.runtime import LlamaRuntime
@@ -23,10 +23,9 @@ from server.scheduler import BatchScheduler
 from server.security import ApiKeys, GuardMiddleware
 from server.settings import VerifierSettings, get_settings
 from server.state import AppState
+from server.verify_lane import VerifyLane
 
 log = logging.getLogger("server")
-
-MODEL_PATHS = {"/prefill", "/verify", "/generate"}
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
@@ -57,13 +56,6 @@ async def _load_engine(state: AppState) -> None:
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.error("could not load the verifier model: %s", state.load_error)
-
-
-def _endpoint_label(request: Request) -> str:
-    # The router records the matched route in the scope: label by its path template, so
-    # session ids never become label values.
-    route = request.scope.get("route")
-    return getattr(route, "path", None) or "unmatched"
 
 
 def create_app(settings: VerifierSettings | None = None) -> FastAPI:
@@ -99,25 +91,13 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
+    app.add_middleware(VerifyLane)
     app.add_middleware(GuardMiddleware, keys=keys, max_body_bytes=settings.max_body_bytes)
     for module in (sessions, generate, service):
         app.include_router(module.router)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        state: AppState | None = getattr(request.app.state, "verifier", None)
-        model_work = request.url.path in MODEL_PATHS or request.url.path.startswith("/sessions/")
-        if state is not None and model_work:
-            state.metrics.request_started()
-        try:
-            response = await call_next(request)
-        finally:
-            if state is not None and model_work:
-                state.metrics.request_ended()
-        if state is not None:
-            state.metrics.requests.labels(_endpoint_label(request), str(response.status_code)).inc()
-        return response
-
+    # Added last, so it runs first: the guard's 401s and 413s are counted too.
+    app.add_middleware(RequestMetricsMiddleware)
     return app
 
 

@@ -111,3 +111,46 @@ class VerifierMetrics:
             self._inflight -= 1
             if self._inflight == 0:
                 self.busy_seconds.inc(time.perf_counter() - self._busy_since)
+
+
+MODEL_PATHS = frozenset({"/prefill", "/verify", "/generate"})
+
+
+class RequestMetricsMiddleware:
+    """Pure ASGI: counts requests by route and status, and keeps the busy clock running
+    while model work is in flight. (Starlette's BaseHTTPMiddleware would add a task
+    group and a memory stream to every request: about half a millisecond a round.)"""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        state = getattr(scope.get("app"), "state", None)
+        metrics: VerifierMetrics | None = getattr(getattr(state, "verifier", None), "metrics", None)
+        if scope["type"] != "http" or metrics is None:
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        model_work = path in MODEL_PATHS or path.startswith("/sessions/")
+        status = 500  # what the client sees if the app fails before answering
+
+        async def send_and_record(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if model_work:
+            metrics.request_started()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            if model_work:
+                metrics.request_ended()
+            # The router records the matched route in the scope (the /verify lane its
+            # path): label by the path template, so session ids never become label values.
+            route = (
+                getattr(scope.get("route"), "path", None)
+                or scope.get("route_template")
+                or "unmatched"
+            )
+            metrics.requests.labels(route, str(status)).inc()

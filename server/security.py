@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from collections.abc import Iterable
 from pathlib import Path
+
+from server.errors import send_error
 
 OPEN_PATHS = frozenset({"/health"})
 ANONYMOUS = "anonymous"
@@ -67,12 +68,6 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def _error(status: int, error_type: str, message: str, extra_headers=()) -> tuple[dict, bytes]:
-    body = json.dumps({"error": {"code": status, "type": error_type, "message": message}})
-    headers = [(b"content-type", b"application/json"), *extra_headers]
-    return {"type": "http.response.start", "status": status, "headers": headers}, body.encode()
-
-
 class GuardMiddleware:
     """Pure ASGI: rejects unauthenticated and oversized requests before the app sees them,
     and puts the caller's key identity in scope["state"]["key_id"]."""
@@ -91,7 +86,7 @@ class GuardMiddleware:
         else:
             key_id = self.keys.identify(presented_key(scope["headers"]))
             if key_id is None:
-                return await self._reject(
+                return await send_error(
                     send,
                     401,
                     "unauthorized",
@@ -104,9 +99,9 @@ class GuardMiddleware:
                 try:
                     too_big = int(value) > self.max_body_bytes
                 except ValueError:
-                    return await self._reject(send, 400, "invalid_request", "bad Content-Length")
+                    return await send_error(send, 400, "invalid_request", "bad Content-Length")
                 if too_big:
-                    return await self._reject(
+                    return await send_error(
                         send,
                         413,
                         "payload_too_large",
@@ -124,7 +119,7 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                return await self._reject(
+                return await send_error(
                     send, 413, "payload_too_large", f"the body is over {self.max_body_bytes} bytes"
                 )
             chunks.append(chunk)
@@ -140,8 +135,3 @@ class GuardMiddleware:
             return await receive()
 
         return await self.app(scope, replay, send)
-
-    async def _reject(self, send, status, error_type, message, headers=()):
-        start, body = _error(status, error_type, message, list(headers))
-        await send(start)
-        await send({"type": "http.response.body", "body": body})

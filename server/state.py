@@ -27,7 +27,8 @@ def get_state(request: Request) -> AppState:
     return request.app.state.verifier
 
 
-def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchScheduler:
+def scheduler_of(state: AppState) -> BatchScheduler:
+    """The running scheduler, or 503 while the model loads (or failed to)."""
     if state.scheduler is None:
         if state.load_error:
             raise ModelNotReady(f"the model failed to load: {state.load_error}")
@@ -38,6 +39,10 @@ def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchSchedu
 def key_id(request: Request) -> str:
     """Who is calling: the identity the API-key guard put on the request."""
     return getattr(request.state, "key_id", "anonymous")
+
+
+def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchScheduler:
+    return scheduler_of(state)
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL, REPO_ROOT
+from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
+from server.local import LocalVerifier
 
 # Two cores here: one thread per model keeps a drafter and a verifier from fighting.
 TEST_THREADS = int(os.environ.get("TEST_THREADS", "1"))
@@ -36,68 +32,8 @@ def drafter_model() -> Path:
     return require_model(DEFAULT_DRAFTER_MODEL)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LiveVerifier:
-    """`uvicorn server.main:app` in a subprocess on 127.0.0.1."""
-
-    def __init__(
-        self,
-        env: dict[str, str],
-        port: int | None = None,
-        extra_args: tuple[str, ...] = (),
-        scheme: str = "http",
-    ):
-        self.port = port or free_port()
-        self.url = f"{scheme}://127.0.0.1:{self.port}"
-        self.env = env
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"verifier-{self.port}.log"
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "server.main:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-                *extra_args,
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, **env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"verifier exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0, verify=False).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"verifier not ready in {timeout}s: {self.log_path.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
+# Tests name it for what it is to them: a live verifier.
+LiveVerifier = LocalVerifier
 
 
 def start_verifier(

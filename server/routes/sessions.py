@@ -1,27 +1,25 @@
 """Speculative rounds: open a session, verify drafts, close it."""
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Request, Response, status
 
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
+from server.routes import model_json
 from server.state import SchedulerDep, StateDep, key_id
+from server.verify_lane import verify_round
 
 router = APIRouter(tags=["sessions"])
 
 
 @router.post("/prefill", response_model=PrefillResponse)
-async def prefill(
-    request: PrefillRequest, scheduler: SchedulerDep, http: Request
-) -> PrefillResponse:
-    return await scheduler.prefill(request, key_id(http))
+async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Request) -> Response:
+    return model_json(await scheduler.prefill(request, key_id(http)))
 
 
 @router.post("/verify", response_model=VerifyResponse)
-async def verify(
-    request: VerifyRequest, scheduler: SchedulerDep, state: StateDep, http: Request
-) -> VerifyResponse:
-    response = await scheduler.verify(request, key_id(http))
-    state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
-    return response
+async def verify(request: VerifyRequest, state: StateDep, http: Request) -> Response:
+    """Served by `server.verify_lane` in the running app; this route documents the
+    endpoint and runs the very same round."""
+    return model_json(await verify_round(state, request, key_id(http)))
 
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)

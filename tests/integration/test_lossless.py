@@ -44,7 +44,9 @@ PROMPTS = [
 runner = CliRunner()
 
 
-def run_cli(url: str, prompt: str, chat: bool, draft_n: int, max_tokens: int) -> dict:
+def run_cli(
+    url: str, prompt: str, chat: bool, draft_n: int | str, max_tokens: int, *extra: str
+) -> dict:
     args = [
         "--server",
         url,
@@ -52,6 +54,7 @@ def run_cli(url: str, prompt: str, chat: bool, draft_n: int, max_tokens: int) ->
         prompt,
         "--draft-n",
         str(draft_n),
+        *extra,
         "--max-tokens",
         str(max_tokens),
         "--output",
@@ -110,6 +113,46 @@ def test_speculative_equals_verifier_alone(
     stats = out["stats"]
     assert stats["drafted"] <= draft_n * stats["rounds"]
     assert stats["generated_tokens"] == stats["accepted"] + stats["rounds"]
+
+
+# Each speed feature on its own and together; pipelining is on by default above.
+SPEED_CONFIGS = {
+    "sequential": ("4", "--no-pipeline"),
+    "adaptive": ("auto",),
+    "adaptive-sequential": ("auto", "--no-pipeline"),
+    "ngram": ("8", "--drafter", "ngram"),
+    "model+ngram": ("auto", "--drafter", "model+ngram"),
+    "p-min": ("8", "--p-min", "0.5"),
+}
+SPEED_PROMPTS = [
+    p for p in PROMPTS if p[0] in ("plain-code", "plain-list", "chat-code", "chat-list")
+]
+
+
+@pytest.mark.parametrize("config", list(SPEED_CONFIGS))
+@pytest.mark.parametrize(
+    ("name", "prompt", "chat"), SPEED_PROMPTS, ids=[p[0] for p in SPEED_PROMPTS]
+)
+def test_speed_features_keep_the_output_identical(
+    live_verifier, expected, name, prompt, chat, config
+):
+    draft_n, *extra = SPEED_CONFIGS[config]
+    out = run_cli(live_verifier.url, prompt, chat, draft_n, NEW_TOKENS, *extra)
+    assert out["tokens"] == expected[name][1] == expected[name][2]
+    stats = out["stats"]
+    assert stats["generated_tokens"] == stats["accepted"] + stats["rounds"]
+    if "--no-pipeline" in extra or "ngram" in extra:
+        assert stats["reused_drafts"] == 0
+
+
+def test_pipelining_reuses_the_drafts_made_while_a_round_was_out(live_verifier, reference):
+    """A text the draft model predicts well: guesses come true, and their drafts are sent
+    without being drafted again, with the output still the verifier's alone."""
+    prompt = "one two three four five six seven eight nine ten " * 3 + "one two"
+    out = run_cli(live_verifier.url, prompt, False, 4, 48, "--pipeline")
+    assert out["tokens"] == reference.greedy(out["prompt_ids"], 48)
+    assert out["stats"]["reused_drafts"] > 0
+    assert out["stats"]["acceptance_rate"] > 0.5
 
 
 def test_some_prompts_end_with_eos_and_others_run_to_max_tokens(expected, eog_ids):

@@ -11,7 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import TEST_THREADS, free_port
+from server.local import free_port
+from tests.conftest import TEST_THREADS
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,9 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from server.local import free_port
 from server.protocol import PrefillRequest, VerifyRequest
-from tests.conftest import TEST_N_CTX, TEST_THREADS, free_port, start_verifier
+from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier
 
 pytestmark = pytest.mark.integration
 

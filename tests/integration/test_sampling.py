@@ -70,16 +70,34 @@ def draft_model(drafter_model):
     model.close()
 
 
-def first_two(client, model, prompt_ids, strategy: str, seed: int) -> tuple[int, int]:
+def first_tokens(
+    client, model, prompt_ids, strategy: str, seed: int, n: int = 2, pipeline: bool = False
+):
     sampling = sampling_for(seed)
     model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
-    loop = SpeculativeLoop(model, client, draft_n=1, n_ctx=TEST_N_CTX)
+    loop = SpeculativeLoop(model, client, draft_n=1, n_ctx=TEST_N_CTX, pipeline=pipeline)
     request = PrefillRequest(
         prompt_tokens=prompt_ids, add_bos=False, sampling=sampling, strategy=strategy
     )
-    for _ in loop.run(request, 2):
+    for _ in loop.run(request, n):
         pass
-    return tuple(loop.result.tokens)
+    return tuple(loop.result.tokens), loop.result.stats
+
+
+def chi_square_pvalue(counts: dict, exact: dict, runs: int) -> float:
+    """Chi-square over the outcomes expected at least 5 times; the rest pooled."""
+    big = [key for key, p in exact.items() if p * runs >= 5]
+    observed = [counts.get(key, 0) for key in big]
+    expected = [exact[key] * runs for key in big]
+    rest_observed = runs - sum(observed)
+    rest_expected = runs - sum(expected)
+    if rest_expected >= 5:
+        observed.append(rest_observed)
+        expected.append(rest_expected)
+    else:
+        expected[-1] += rest_expected
+        observed[-1] += rest_observed
+    return chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue
 
 
 @pytest.mark.parametrize("strategy", ["rejection", "match"])
@@ -89,23 +107,53 @@ def test_first_two_tokens_follow_the_verifier_distribution(
     counts: dict[tuple[int, int], int] = {}
     with VerifierClient(live_verifier.url) as client:
         for seed in range(RUNS):
-            pair = first_two(client, draft_model, prompt_ids, strategy, seed)
+            pair, _ = first_tokens(client, draft_model, prompt_ids, strategy, seed)
             counts[pair] = counts.get(pair, 0) + 1
     assert set(counts) <= set(exact_joint), "a pair the verifier gives no probability"
-    # Chi-square over the pairs expected at least 5 times; the rest pooled into one cell.
-    big = [pair for pair, p in exact_joint.items() if p * RUNS >= 5]
-    observed = [counts.get(pair, 0) for pair in big]
-    expected = [exact_joint[pair] * RUNS for pair in big]
-    rest_observed = RUNS - sum(observed)
-    rest_expected = RUNS - sum(expected)
-    if rest_expected >= 5:
-        observed.append(rest_observed)
-        expected.append(rest_expected)
-    else:
-        expected[-1] += rest_expected
-        observed[-1] += rest_observed
-    result = chisquare(observed, np.array(expected) * sum(observed) / sum(expected))
-    assert result.pvalue > 1e-3, (strategy, result, list(zip(observed, expected, strict=True)))
+    pvalue = chi_square_pvalue(counts, exact_joint, RUNS)
+    assert pvalue > 1e-3, (strategy, pvalue, counts)
+
+
+@pytest.fixture(scope="module")
+def exact_third(verifier_model, prompt_ids, exact_joint) -> dict[int, float]:
+    """P(t3), summed over the verifier's (t1, t2)."""
+    runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
+    try:
+        runtime.decode_sequence(0, prompt_ids, 0)
+        third: dict[int, float] = {}
+        for (t1, t2), p12 in exact_joint.items():
+            runtime.remove(0, len(prompt_ids))
+            logits = runtime.decode_sequence(0, [t1, t2], len(prompt_ids))[0]
+            p3 = probabilities(logits, sampling_for(None))
+            for t3 in np.flatnonzero(p3):
+                third[int(t3)] = third.get(int(t3), 0.0) + p12 * float(p3[t3])
+        return third
+    finally:
+        runtime.close()
+
+
+def test_pipelined_drafts_keep_sampling_exact(
+    live_verifier, draft_model, prompt_ids, exact_joint, exact_third
+):
+    """Pipelined, the third token's draft was drawn while the first round was out, after
+    the drafter's guess of the second token: when the guess came true that draft is
+    sent. The first two tokens and the third must still follow the verifier."""
+    pairs: dict[tuple[int, int], int] = {}
+    thirds: dict[int, int] = {}
+    reused = 0
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(RUNS):
+            tokens, stats = first_tokens(
+                client, draft_model, prompt_ids, "rejection", seed, n=4, pipeline=True
+            )
+            pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
+            thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
+            reused += stats.reused_drafts
+    assert reused > RUNS // 10, "the pipelined path was hardly taken"
+    assert set(thirds) <= set(exact_third)
+    for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
+        pvalue = chi_square_pvalue(counts, exact, RUNS)
+        assert pvalue > 1e-3, (pvalue, counts)
 
 
 def run_cli(url: str, *args: str) -> dict:

@@ -286,3 +286,28 @@ def test_metrics_count_rounds(client):
     assert 'verifier_drafted_by_position_total{position="2"}' in text
     assert "verifier_queue_depth" in text
     assert "verifier_active_sessions" in text
+
+
+def test_the_verify_lane_answers_like_the_documented_route(client):
+    """POST /verify is served by the pure ASGI lane; its answers, errors and metrics are
+    those of the route the OpenAPI schema documents."""
+    from server.protocol import VerifyResponse
+
+    session = prefill(client)
+    n_past = session["total_tokens"]
+    response = client.post("/verify", json={"session_id": session["session_id"], "n_past": n_past})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert int(response.headers["content-length"]) == len(response.content)
+    body = VerifyResponse.model_validate_json(response.content)
+    assert body.timings.engine_ms >= body.timings.decode_ms > 0
+    stale = client.post("/verify", json={"session_id": session["session_id"], "n_past": n_past})
+    assert stale.status_code == 200 and stale.json() == response.json()  # a replay
+    wrong = client.post("/verify", json={"session_id": session["session_id"], "n_past": 0})
+    assert wrong.status_code == 409 and wrong.headers["x-total-tokens"] == str(n_past + 1)
+    assert wrong.json()["error"]["type"] == "n_past_mismatch"
+    schema = client.get("/openapi.json").json()
+    request_body = schema["paths"]["/verify"]["post"]["requestBody"]
+    assert request_body["content"]["application/json"]["schema"]["$ref"].endswith("/VerifyRequest")
+    text = client.get("/metrics").text
+    assert 'verifier_requests_total{endpoint="/verify",status="409"}' in text

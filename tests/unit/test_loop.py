@@ -1,9 +1,11 @@
 """The speculative loop against a fake verifier and fake drafters (no model, no HTTP)."""
 
+import time
 from collections.abc import Sequence
 
 import pytest
 
+from drafter.draft_length import AdaptiveLength
 from drafter.errors import VerifierRejected
 from drafter.loop import SpeculativeLoop
 from drafter.model import Draft
@@ -89,7 +91,7 @@ class NoisyDrafter:
         self.calls = 0
         self.updates: list[tuple[list[int], int]] = []
 
-    def get_candidates(self, committed: Sequence[int], k: int) -> Draft:
+    def get_candidates(self, committed: Sequence[int], k: int, stop=None) -> Draft:
         draft: list[int] = []
         context = list(committed)
         for _ in range(k):
@@ -242,3 +244,64 @@ def test_context_overflow_from_the_verifier_ends_cleanly():
     events, result = run(loop, [1], 30)
     assert result.finish_reason == "context_full"
     assert len(events) == 2 and result.tokens == target_alone([1], 6, FakeVerifier())
+
+
+class SlowVerifier(FakeVerifier):
+    """Answers after a pause, as a remote verifier does: pipelining has time to draft."""
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        time.sleep(0.002)
+        return super().verify(request)
+
+
+class ChainDrafter(NoisyDrafter):
+    """Remembers what it drafted ahead and serves it back, like DraftModel's chain."""
+
+    def __init__(self, verifier, wrong_every):
+        super().__init__(verifier, wrong_every)
+        self.chain: tuple[list[int], list[int]] = ([], [])
+        self.ahead_calls = 0
+
+    def get_candidates(self, committed, k, stop=None) -> Draft:
+        base, chain = self.chain
+        n = len(committed)
+        if chain and list(committed[: len(base)]) == base and n > len(base):
+            done = list(committed[len(base) :])
+            if chain[: len(done)] == done and len(chain) > len(done):
+                reused = chain[len(done) : len(done) + k]
+                self.chain = ([], [])
+                return Draft(reused, None, len(reused))
+        if stop is not None:
+            self.ahead_calls += 1
+        draft = super().get_candidates(committed, k).tokens
+        self.chain = (list(committed), draft)
+        return Draft(draft, None)
+
+
+@pytest.mark.parametrize("wrong_every", [2, 3, 7, 1000])
+@pytest.mark.parametrize("draft_n", [1, 4])
+def test_pipelined_output_equals_target_alone_and_reuses_good_guesses(wrong_every, draft_n):
+    verifier = SlowVerifier()
+    drafter = ChainDrafter(verifier, wrong_every)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=draft_n, n_ctx=10_000, pipeline=True)
+    events, result = run(loop, [5, 6, 7], 40)
+    assert result.tokens == target_alone([5, 6, 7], 40, FakeVerifier())
+    assert drafter.ahead_calls >= len(events) - 1  # drafted ahead during every round
+    if wrong_every == 1000:
+        # Every guess right: every round after the first was drafted while the previous
+        # one was out.
+        assert result.stats.reused_drafts == result.stats.drafted - draft_n
+    assert result.stats.round_trip_s > 0 and result.stats.draft_time_s >= 0
+
+
+def test_adaptive_length_grows_while_drafts_are_accepted():
+    verifier = FakeVerifier()
+    loop = SpeculativeLoop(
+        NoisyDrafter(verifier, 10**9),
+        verifier,
+        draft_n=AdaptiveLength(maximum=8, start=2),
+        n_ctx=10_000,
+    )
+    _, result = run(loop, [1], 40)
+    assert verifier.rounds[:5] == [2, 4, 6, 8, 8]
+    assert result.tokens == target_alone([1], 40, FakeVerifier())

@@ -1,0 +1,104 @@
+"""Drafting with no model: prompt lookup (n-gram matching), as in llama.cpp's
+`common_ngram` drafts and vLLM's `[ngram]` speculator.
+
+The last n committed tokens are looked up earlier in the committed text (the prompt
+included); the tokens that followed the most recent earlier occurrence are the draft.
+Longer n-grams are tried first. It costs microseconds and shines where the answer repeats
+its input: editing code, rewriting text, quoting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+DEFAULT_MAX_NGRAM = 4
+DEFAULT_MIN_NGRAM = 2
+# How far back to search: bounds the cost per round on long contexts.
+DEFAULT_WINDOW = 4096
+
+
+class Draft(NamedTuple):
+    tokens: list[int]
+    probs: list[np.ndarray] | None
+    reused: int = 0
+
+
+def lookup(
+    committed: Sequence[int],
+    k: int,
+    *,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+    window: int = DEFAULT_WINDOW,
+) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
+    `committed` (of length max_ngram down to min_ngram); [] when none occurs."""
+    if k <= 0:
+        return []
+    tokens = list(committed[-window:])
+    n_tokens = len(tokens)
+    for n in range(min(max_ngram, n_tokens - 1), min_ngram - 1, -1):
+        suffix = tokens[n_tokens - n :]
+        # Latest occurrence first; it must end before the suffix itself starts.
+        for start in range(n_tokens - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                follow = tokens[start + n : start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+class NgramDrafter:
+    """A CandidateGenerator with no model. With sampled drafts (rejection sampling) the
+    proposal is a point mass on the looked-up token, sent as q = 1 for it: accepted with
+    the target's own probability, so the output still follows the verifier exactly."""
+
+    def __init__(
+        self,
+        n_vocab: int,
+        *,
+        sample_drafts: bool = False,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+    ):
+        self.n_vocab = n_vocab
+        self.sample_drafts = sample_drafts
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def get_candidates(
+        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
+    ) -> Draft:
+        """`stop` does not apply: a lookup is instant."""
+        tokens = lookup(committed, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+        return Draft(tokens, [self._point_mass(t) for t in tokens] if self.sample_drafts else None)
+
+    def update_candidate_strategy(self, draft_tokens: Sequence[int], accepted: int) -> None:
+        pass
+
+    def _point_mass(self, token: int) -> np.ndarray:
+        q = np.zeros(self.n_vocab, dtype=np.float32)
+        q[token] = 1.0
+        return q
+
+
+class ModelWithNgram:
+    """n-gram drafts when the text so far has a match, the draft model's otherwise."""
+
+    def __init__(self, ngram: NgramDrafter, model):
+        self.ngram = ngram
+        self.model = model
+
+    def get_candidates(
+        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
+    ) -> Draft:
+        found = self.ngram.get_candidates(committed, k)
+        if found.tokens:
+            return found
+        return self.model.get_candidates(committed, k, stop)
+
+    def update_candidate_strategy(self, draft_tokens: Sequence[int], accepted: int) -> None:
+        self.model.update_candidate_strategy(draft_tokens, accepted)

@@ -1,0 +1,106 @@
+"""A verifier in a subprocess on 127.0.0.1, for tests, benchmarks and the load test:
+`uvicorn server.main:app` started, waited for (GET /health), stopped."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from server import REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalVerifier:
+    def __init__(
+        self,
+        env: dict[str, str],
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        scheme: str = "http",
+        command_prefix: Sequence[str] = (),
+    ):
+        """`command_prefix` runs the server under another command (`taskset -c 1`)."""
+        self.port = port or free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.scheme = scheme
+        self.env = env
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"verifier-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                *command_prefix,
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "server.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                *extra_args,
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def healthy(self) -> bool:
+        if self.scheme == "https":
+            import ssl
+
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=1.0, context=ssl._create_unverified_context()
+            )
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"verifier exited: {self.log_path.read_text()[-2000:]}")
+            if self.healthy():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"verifier not ready in {timeout}s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+    def __enter__(self) -> LocalVerifier:
+        try:
+            self.wait_ready()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

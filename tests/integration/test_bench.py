@@ -1,0 +1,48 @@
+"""`scripts/bench.py --quick`: the benchmark runs end to end on the real models (a
+verifier pinned to one core, the CLI to another, the delay proxy between them) and
+every speculative run it measures is token-identical to the verifier alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from server import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_bench_writes_its_table_and_plots(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--quick", "--out-dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert set(results["delays"]) == {"0.0", "20.0"}
+    for delay, block in results["delays"].items():
+        assert block["baseline_tokens_per_s"] > 0
+        # The proxy's added delay shows in the measured round trip.
+        assert block["rtt_ms"] >= float(delay)
+        labels = {(row["drafter"], row["k"]) for row in block["rows"].values()}
+        assert labels == {
+            (drafter, k)
+            for drafter in ("model sequential", "model pipelined", "ngram")
+            for k in ("4", "auto")
+        }
+        for row in block["rows"].values():
+            assert row["identical"], (delay, row)
+            assert row["tokens_per_s"] > 0 and row["expected_tokens_per_s"] > 0
+            assert 0.0 <= row["acceptance"] <= 1.0
+            assert row["overhead_ms"] >= float(delay)
+    table = (tmp_path / "bench.md").read_text()
+    # Two tables (pooled, then per task): a header and one row per config and delay each.
+    assert table.count("\n| ") == 2 * (1 + 2 * 6)
+    for png in ("speedup_vs_k.png", "speedup_vs_delay.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

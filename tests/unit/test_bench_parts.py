@@ -1,0 +1,103 @@
+"""The benchmark's parts that decide its numbers: the delay proxy and the expectation."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from scripts.bench import acceptance_estimate, expected_tokens_per_round, run_expectation
+from scripts.delay_proxy import DelayProxy
+
+
+def test_expected_tokens_per_round_matches_the_closed_form():
+    assert expected_tokens_per_round(0.0, 4) == 1.0
+    assert expected_tokens_per_round(1.0, 4) == 5.0
+    assert expected_tokens_per_round(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    # As a sum over positions: sum_{i=0..k} alpha^i.
+    for alpha in (0.3, 0.72, 0.95):
+        for k in (1, 2, 4, 8):
+            assert expected_tokens_per_round(alpha, k) == pytest.approx(
+                sum(alpha**i for i in range(k + 1))
+            )
+    assert expected_tokens_per_round(0.7, 0) == 1.0
+
+
+def test_acceptance_estimate_is_the_geometric_mle():
+    # 10 rounds of k=4: 6 accepted everything (24 tokens), 4 stopped after 1 (4 tokens).
+    assert acceptance_estimate(24 + 4, 4) == pytest.approx(28 / 32)
+    assert acceptance_estimate(0, 0) == 0.0
+    assert acceptance_estimate(0, 5) == 0.0
+
+
+def test_run_expectation_adds_up_each_round_and_the_parts():
+    stats = {
+        "accepted": 28,
+        "rejected_rounds": 4,  # alpha = 28 / 32
+        "rounds_by_draft_len": {"4": 10, "0": 2},
+        "prefill_time_s": 0.1,
+        "draft_time_s": 0.4,
+        "round_trip_s": 0.5,
+    }
+    tokens, seconds = run_expectation(stats)
+    alpha = 28 / 32
+    assert tokens == pytest.approx(10 * sum(alpha**i for i in range(5)) + 2 * 1.0)
+    assert seconds == pytest.approx(1.0)
+    # Mixed draft lengths are not averaged first: f is concave in k (Jensen).
+    mixed = {**stats, "rounds_by_draft_len": {"8": 6, "0": 6}}
+    assert run_expectation(mixed)[0] < 12 * expected_tokens_per_round(alpha, 4)
+
+
+@pytest.fixture
+def echo_server():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    def echo(conn):
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()
+    listener.close()
+
+
+def round_trip_ms(port: int, payload: bytes) -> tuple[float, bytes]:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        began = time.perf_counter()
+        sock.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            got += sock.recv(65536)
+        return (time.perf_counter() - began) * 1000.0, got
+
+
+def test_the_proxy_adds_its_delay_once_per_round_trip(echo_server):
+    with DelayProxy(echo_server, delay_ms=30) as proxy:
+        times = [round_trip_ms(proxy.port, b"ping")[0] for _ in range(5)]
+    assert min(times) >= 30.0
+    assert sorted(times)[2] < 30.0 + 15.0  # no second delay, no pile-up
+
+
+def test_the_proxy_passes_bytes_intact_and_in_order(echo_server):
+    payload = bytes(range(256)) * 4096  # 1 MiB, many chunks
+    with DelayProxy(echo_server, delay_ms=4) as proxy:
+        _, got = round_trip_ms(proxy.port, payload)
+    assert got == payload
+
+
+def test_no_delay_is_a_plain_forwarder_and_negative_is_refused(echo_server):
+    with DelayProxy(echo_server, delay_ms=0) as proxy:
+        elapsed, got = round_trip_ms(proxy.port, b"x" * 100)
+    assert got == b"x" * 100 and elapsed < 50
+    with pytest.raises(ValueError):
+        DelayProxy(echo_server, delay_ms=-1)

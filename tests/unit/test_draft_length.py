@@ -1,0 +1,47 @@
+"""The draft-length schedules."""
+
+import pytest
+
+from drafter.draft_length import AdaptiveLength, FixedLength, parse_draft_n
+
+
+def test_fixed_length_never_moves():
+    length = FixedLength(4)
+    length.update(4, 4)
+    length.update(4, 0)
+    assert length.next() == 4
+
+
+def test_adaptive_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+    length = AdaptiveLength(maximum=16, start=4)
+    seen = []
+    for accepted_all in (True, True, False, True, False, False, False, False, False):
+        k = length.next()
+        length.update(k, k if accepted_all else k - 1)
+        seen.append(length.next())
+    assert seen == [6, 8, 7, 9, 8, 7, 6, 5, 4]
+
+
+def test_adaptive_stays_within_its_bounds():
+    length = AdaptiveLength(maximum=5, start=4, minimum=1)
+    for _ in range(5):
+        length.update(length.next(), length.next())
+    assert length.next() == 5
+    for _ in range(10):
+        length.update(length.next(), 0)
+    assert length.next() == 1
+
+
+def test_a_round_with_no_draft_teaches_nothing():
+    length = AdaptiveLength(maximum=16, start=4)
+    length.update(0, 0)
+    assert length.next() == 4
+
+
+def test_parse_draft_n():
+    assert parse_draft_n("auto") is None
+    assert parse_draft_n(" AUTO ") is None
+    assert parse_draft_n("7") == 7
+    for bad in ("-1", "many", "1.5"):
+        with pytest.raises(ValueError):
+            parse_draft_n(bad)
