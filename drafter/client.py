@@ -172,6 +172,10 @@ class VerifierClient:
             self.close()
             if not reused:
                 raise
+        except BaseException:
+            self.close()
+            raise
+        try:  # once more, on a new connection
             return self._send(method, path, content)
         except BaseException:
             self.close()
