@@ -23,7 +23,7 @@ from server.scheduler import BatchScheduler
 from server.security import ApiKeys, GuardMiddleware
 from server.settings import VerifierSettings, get_settings
 from server.state import AppState
-from server.verify_lane import VerifyLane
+from server.verify_lane import VerifierAPI
 
 log = logging.getLogger("server")
 
@@ -50,6 +50,7 @@ async def _load_engine(state: AppState) -> None:
             state.metrics,
             max_queue=state.settings.max_queue,
             session_ttl_s=state.settings.session_ttl_s,
+            inline_rounds=state.settings.inline_rounds,
         )
         state.engine = engine
         log.info("verifier ready: %s", state.settings.model_path)
@@ -75,7 +76,10 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
                 await asyncio.to_thread(state.scheduler.stop)
                 state.engine.close()
 
-    app = FastAPI(
+    keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
+    app = VerifierAPI(
+        keys=keys,
+        max_body_bytes=settings.max_body_bytes,
         title="hetero-specdecode verifier",
         version="0.1.0",
         lifespan=lifespan,
@@ -90,8 +94,6 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         },
     )
     install_error_handlers(app)
-    keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
-    app.add_middleware(VerifyLane)
     app.add_middleware(GuardMiddleware, keys=keys, max_body_bytes=settings.max_body_bytes)
     for module in (sessions, generate, service):
         app.include_router(module.router)

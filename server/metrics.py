@@ -82,6 +82,16 @@ class VerifierMetrics:
             "efficiency = decode seconds / busy seconds)",
             registry=r,
         )
+        self.inline_rounds = Counter(
+            "verifier_inline_rounds",
+            "verify rounds decoded on the event loop because the engine was idle",
+            registry=r,
+        )
+        # Children resolved once: labels() per position per round costs a lock and a
+        # lookup each, on the way to the round's answer.
+        positions = range(1, max_draft + 1)
+        self._drafted_at = [self.drafted_by_position.labels(str(p)) for p in positions]
+        self._accepted_at = [self.accepted_by_position.labels(str(p)) for p in positions]
         self._inflight = 0
         self._busy_since = 0.0
         self._lock = threading.Lock()
@@ -95,10 +105,10 @@ class VerifierMetrics:
     def observe_round(self, drafted: int, accepted: int) -> None:
         self.drafted_tokens.inc(drafted)
         self.accepted_tokens.inc(accepted)
-        for position in range(1, drafted + 1):
-            self.drafted_by_position.labels(str(position)).inc()
-        for position in range(1, accepted + 1):
-            self.accepted_by_position.labels(str(position)).inc()
+        for counter in self._drafted_at[:drafted]:
+            counter.inc()
+        for counter in self._accepted_at[:accepted]:
+            counter.inc()
 
     def request_started(self) -> None:
         with self._lock:

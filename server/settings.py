@@ -24,6 +24,11 @@ class VerifierSettings(BaseSettings):
     session_ttl_s: float = Field(
         600.0, gt=0, description="idle sessions are ended after this many seconds"
     )
+    inline_rounds: bool = Field(
+        True,
+        description="decode a lone verify round on the event loop when the engine is idle "
+        "(saves two thread switches a round; the loop waits for that one decode)",
+    )
     max_queue: int = Field(
         64, ge=1, description="requests waiting at most; beyond it new work gets 503"
     )

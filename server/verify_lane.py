@@ -1,54 +1,77 @@
 """POST /verify, the one request made every round, served without FastAPI's
-per-request machinery (dependency solving, a second validation of the response, two
-encodings of it).
+per-request machinery (Starlette's middleware stack, dependency solving, a second
+validation of the response, two encodings of it).
 
-A pure ASGI layer between the API-key guard and the app: auth, body limits and request
-metrics apply as for every route; validation is the same pydantic model; errors are the
-same bodies from `server.errors`. The FastAPI route of the same path documents the
-endpoint in the OpenAPI schema and runs the same `verify_round`.
+`VerifierAPI` is the FastAPI app with that one request taken off at the door: it goes
+through the same request metrics and API-key guard as every route, then to a pure ASGI
+handler. Validation is the same pydantic model; errors are the same bodies from
+`server.errors`. The FastAPI route of the same path documents the endpoint in the
+OpenAPI schema and runs the same `verify_round`.
 """
 
 from __future__ import annotations
 
+import logging
+
+from fastapi import FastAPI
 from pydantic import ValidationError
 
 from server.errors import APIError, describe_validation, send_error, send_json
+from server.metrics import RequestMetricsMiddleware
 from server.protocol import VerifyRequest, VerifyResponse
+from server.security import ApiKeys, GuardMiddleware
 from server.state import AppState, scheduler_of
 
 PATH = "/verify"
+log = logging.getLogger(__name__)
 
 
 async def verify_round(state: AppState, request: VerifyRequest, owner: str) -> VerifyResponse:
-    """Queue the round for the next batch; record its metrics."""
-    scheduler = scheduler_of(state)
-    response = await scheduler.verify(request, owner)
+    """The round decoded, inline or in the next batch (see server/scheduler.py)."""
+    return await scheduler_of(state).verify(request, owner)
+
+
+def record_round(state: AppState, request: VerifyRequest, response: VerifyResponse) -> None:
     state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
-    return response
 
 
-class VerifyLane:
-    def __init__(self, app):
-        self.app = app
+class VerifierAPI(FastAPI):
+    """The verifier's FastAPI app; POST /verify skips Starlette's stack (about 0.1 ms a
+    round here, cold from a decode) for metrics, guard and `verify_lane`."""
+
+    def __init__(self, *, keys: ApiKeys, max_body_bytes: int, **kwargs):
+        super().__init__(**kwargs)
+        self._verify_stack = RequestMetricsMiddleware(
+            GuardMiddleware(verify_lane, keys=keys, max_body_bytes=max_body_bytes)
+        )
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        scope["route_template"] = PATH  # for the request metrics
-        body = await _read_body(receive)
-        if body is None:
-            return None  # the client hung up before sending its request
-        state: AppState = scope["app"].state.verifier
-        owner = scope.get("state", {}).get("key_id", "anonymous")
-        try:
-            request = VerifyRequest.model_validate_json(body)
-            response = await verify_round(state, request, owner)
-        except ValidationError as exc:
-            return await send_error(send, *describe_validation(exc.errors()))
-        except APIError as exc:
-            headers = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
-            return await send_error(send, exc.status_code, exc.error_type, exc.message, headers)
-        await send_json(send, 200, response.model_dump_json().encode())
+        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+            scope["app"] = self
+            return await self._verify_stack(scope, receive, send)
+        return await super().__call__(scope, receive, send)
+
+
+async def verify_lane(scope, receive, send) -> None:
+    scope["route_template"] = PATH  # for the request metrics
+    body = await _read_body(receive)
+    if body is None:
+        return  # the client hung up before sending its request
+    state: AppState = scope["app"].state.verifier
+    owner = scope.get("state", {}).get("key_id", "anonymous")
+    try:
+        request = VerifyRequest.model_validate_json(body)
+        response = await verify_round(state, request, owner)
+    except ValidationError as exc:
+        return await send_error(send, *describe_validation(exc.errors()))
+    except APIError as exc:
+        headers = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+        return await send_error(send, exc.status_code, exc.error_type, exc.message, headers)
+    except Exception as exc:  # what the app's handler for the unexpected would answer
+        log.exception("unexpected error in POST /verify")
+        return await send_error(send, 500, "internal_error", f"{type(exc).__name__}: {exc}")
+    await send_json(send, 200, response.model_dump_json().encode())
+    record_round(state, request, response)  # after the answer is on its way
 
 
 async def _read_body(receive) -> bytes | None:

@@ -12,7 +12,8 @@ router = APIRouter(tags=["service"])
 
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(state: StateDep) -> JSONResponse:
-    # Never touches the engine thread: it must answer while a long decode runs.
+    # Never waits for the engine: it answers while a long prefill runs (at most a lone
+    # round decoded inline, see server/scheduler.py, holds it up).
     if state.scheduler is not None:
         return JSONResponse(HealthResponse(status="ok").model_dump(exclude_none=True))
     body = (

@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request, Response, status
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.routes import model_json
 from server.state import SchedulerDep, StateDep, key_id
-from server.verify_lane import verify_round
+from server.verify_lane import record_round, verify_round
 
 router = APIRouter(tags=["sessions"])
 
@@ -19,7 +19,9 @@ async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Reques
 async def verify(request: VerifyRequest, state: StateDep, http: Request) -> Response:
     """Served by `server.verify_lane` in the running app; this route documents the
     endpoint and runs the very same round."""
-    return model_json(await verify_round(state, request, key_id(http)))
+    response = await verify_round(state, request, key_id(http))
+    record_round(state, request, response)
+    return model_json(response)
 
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -311,3 +311,55 @@ def test_the_verify_lane_answers_like_the_documented_route(client):
     assert request_body["content"]["application/json"]["schema"]["$ref"].endswith("/VerifyRequest")
     text = client.get("/metrics").text
     assert 'verifier_requests_total{endpoint="/verify",status="409"}' in text
+
+
+def metric_value(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_lone_round_is_decoded_inline_and_equals_a_queued_one(client):
+    """With the engine idle, a round skips the engine thread; with inline rounds off it
+    takes the queue. Same tokens, same predictions, either way."""
+    from fastapi.testclient import TestClient
+
+    from server.main import create_app
+    from server.settings import VerifierSettings
+    from tests.server.conftest import wait_healthy
+
+    def rounds(test_client) -> list[dict]:
+        session = prefill(test_client)
+        n_past, answers = session["total_tokens"], []
+        for draft in ([], [1, 2, 3], [28, 6512], []):
+            answer = verify(test_client, session, n_past, draft)
+            n_past = answer["total_tokens"]
+            answers.append({k: v for k, v in answer.items() if k != "timings"})
+        return answers
+
+    inline_before = metric_value(client, "verifier_inline_rounds_total")
+    inline = rounds(client)
+    assert metric_value(client, "verifier_inline_rounds_total") == inline_before + 4
+
+    settings = client.app.state.verifier.settings.model_copy(update={"inline_rounds": False})
+    assert isinstance(settings, VerifierSettings)
+    with TestClient(create_app(settings)) as queued_client:
+        wait_healthy(queued_client)
+        queued = rounds(queued_client)
+        assert metric_value(queued_client, "verifier_inline_rounds_total") == 0
+    assert queued == inline
+
+
+def test_an_unexpected_failure_in_the_lane_is_a_500_error_body(client, monkeypatch):
+    scheduler = client.app.state.verifier.scheduler
+
+    async def broken(request, owner="anonymous"):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(scheduler, "verify", broken)
+    session_id = "0" * 32
+    response = client.post("/verify", json={"session_id": session_id, "n_past": 1})
+    error = assert_error(response, 500, "internal_error")
+    assert "RuntimeError: a bug" in error["message"]
+    assert client.get("/health").status_code == 200

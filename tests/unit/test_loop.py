@@ -1,5 +1,6 @@
 """The speculative loop against a fake verifier and fake drafters (no model, no HTTP)."""
 
+import sys
 import time
 from collections.abc import Sequence
 
@@ -284,7 +285,9 @@ def test_pipelined_output_equals_target_alone_and_reuses_good_guesses(wrong_ever
     verifier = SlowVerifier()
     drafter = ChainDrafter(verifier, wrong_every)
     loop = SpeculativeLoop(drafter, verifier, draft_n=draft_n, n_ctx=10_000, pipeline=True)
+    switch_interval = sys.getswitchinterval()
     events, result = run(loop, [5, 6, 7], 40)
+    assert sys.getswitchinterval() == switch_interval  # shortened only while it ran
     assert result.tokens == target_alone([5, 6, 7], 40, FakeVerifier())
     assert drafter.ahead_calls >= len(events) - 1  # drafted ahead during every round
     if wrong_every == 1000:
