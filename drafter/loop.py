@@ -50,6 +50,9 @@ class CandidateGenerator(Protocol):
         self, draft_tokens: Sequence[int], accepted_prefix_len: int
     ) -> None: ...
 
+    # Optional: `warm(prefill)` evaluates the prompt ahead of the first draft; the
+    # pipelined loop calls it while the verifier prefills (see SpeculativeLoop._open).
+
 
 class Verifier(Protocol):
     bytes_sent: int
@@ -106,8 +109,14 @@ class SpeculativeLoop:
         result = self.result = SpeculativeResult()
         stats = result.stats
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
+        sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         began = time.perf_counter()
-        opened = self.verifier.prefill(prefill)
+        try:
+            opened = self._open(prefill, sender)
+        except BaseException:
+            if sender is not None:
+                sender.shutdown(wait=True)
+            raise
         stats.prefill_time_s = time.perf_counter() - began
         result.prompt_ids = list(opened.prompt_ids)
         result.strategy, result.lossless = opened.strategy, opened.lossless
@@ -115,7 +124,6 @@ class SpeculativeLoop:
         committed = list(opened.prompt_ids)
         session_id = opened.session_id
         lost_in_a_row = 0
-        sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         switch_interval = sys.getswitchinterval()
         if sender is not None:
             # The answer wakes the sender thread while this one drafts; a thread waiting
@@ -197,6 +205,19 @@ class SpeculativeLoop:
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0
             self._close_session(session_id)
+
+    def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:
+        """The verifier's prefill. Pipelined, the drafter evaluates the prompt meanwhile,
+        so its first draft does not wait for that on top of the verifier's."""
+        warm = getattr(self.drafter, "warm", None)
+        if sender is None or warm is None:
+            return self.verifier.prefill(prefill)
+        in_flight: Future = sender.submit(self.verifier.prefill, prefill)
+        # A drafter that cannot take the prompt fails again at its first draft, with the
+        # session open and closed by the loop; until then the prefill is what matters.
+        with contextlib.suppress(Exception):
+            warm(prefill)
+        return in_flight.result()
 
     def _timed_verify(self, request: VerifyRequest) -> tuple[VerifyResponse, float]:
         began = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from drafter.errors import DraftModelError
-from server.protocol import SamplingParams, vocab_fingerprint
+from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
 from server.runtime import BatchEntry, LlamaRuntime, RuntimeError_, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
 
@@ -160,6 +160,18 @@ class DraftModel:
         self, draft_tokens: Sequence[int], accepted_prefix_len: int
     ) -> None:
         """Nothing to learn here: the draft length is the loop's (drafter/draft_length.py)."""
+
+    def warm(self, prefill: PrefillRequest) -> None:
+        """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call
+        the server makes), so that the first draft finds it cached. Should the verifier's
+        prompt ids differ, the first draft re-evaluates from where they part: only time
+        is at stake, never the output."""
+        if prefill.prompt is not None:
+            tokens = self.runtime.tokenize(prefill.prompt, add_special=prefill.add_bos)
+        else:
+            tokens = list(prefill.prompt_tokens or [])
+        if tokens:
+            self._sync(tokens)
 
     def reset(self) -> None:
         """Forget the cache. A new, unrelated prompt should start here: this model's

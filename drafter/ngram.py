@@ -102,3 +102,6 @@ class ModelWithNgram:
 
     def update_candidate_strategy(self, draft_tokens: Sequence[int], accepted: int) -> None:
         self.model.update_candidate_strategy(draft_tokens, accepted)
+
+    def warm(self, prefill) -> None:
+        self.model.warm(prefill)

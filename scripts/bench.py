@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -143,9 +144,16 @@ def run_expectation(stats: dict) -> tuple[float, float]:
     return tokens, seconds
 
 
-def summarize(t: Totals, baseline_tokens_per_s: float) -> dict[str, float]:
+class Baseline(NamedTuple):
+    tokens_per_s: float  # the whole request, the prompt's prefill included
+    decode_tokens_per_s: float  # after the prompt
+
+
+def summarize(t: Totals, baseline: Baseline) -> dict[str, float]:
     rounds = t.rounds or 1.0
     tokens_per_s = t.generated_tokens / t.total_time_s if t.total_time_s else 0.0
+    decode_s = t.total_time_s - t.prefill_time_s
+    decode_tokens_per_s = t.generated_tokens / decode_s if decode_s > 0 else 0.0
     expected = t.expected_tokens / t.expected_s if t.expected_s else 0.0
     return {
         "acceptance": t.accepted / t.drafted if t.drafted else 0.0,
@@ -153,7 +161,10 @@ def summarize(t: Totals, baseline_tokens_per_s: float) -> dict[str, float]:
         "k_mean": t.drafted / rounds,
         "tokens_per_round": t.generated_tokens / rounds,
         "tokens_per_s": tokens_per_s,
-        "speedup": tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s else 0.0,
+        "speedup": tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0,
+        "decode_speedup": decode_tokens_per_s / baseline.decode_tokens_per_s
+        if baseline.decode_tokens_per_s
+        else 0.0,
         "bytes_per_round": (t.bytes_sent + t.bytes_received) / rounds,
         "overhead_ms": (t.round_trip_s - t.verifier_time_s) * 1000.0 / rounds,
         "expected_tokens_per_s": expected,
@@ -217,12 +228,16 @@ def prompt_ids(client: VerifierClient, prompt: str, chat: bool, chat_render) -> 
     return list(opened.prompt_ids)
 
 
-def measure_alone(client: VerifierClient, ids: list[int], max_tokens: int) -> tuple[list, float]:
+def measure_alone(
+    client: VerifierClient, ids: list[int], max_tokens: int
+) -> tuple[list, float, float]:
+    """The verifier alone: its tokens, the request's wall time, and the time after the
+    prompt (the server's own decode_ms)."""
     began = time.perf_counter()
     response = client.generate(
         GenerateRequest(prompt_tokens=ids, add_bos=False, max_tokens=max_tokens)
     )
-    return response.tokens, time.perf_counter() - began
+    return response.tokens, time.perf_counter() - began, response.timings.decode_ms / 1000.0
 
 
 def measured_rtt_ms(url: str, n: int = 20) -> float:
@@ -303,15 +318,16 @@ def run_grid(args) -> dict:
 
 
 def run_delay(url: str, configs: list[Config], prompts: dict, ids: dict, args) -> dict:
-    alone_tokens, alone_time, reference, alone_rate = 0, 0.0, {}, {}
+    alone_tokens, alone_time, alone_decode, reference, alone_rate = 0, 0.0, 0.0, {}, {}
     with VerifierClient(url) as client:
         for name in prompts:
-            tokens, seconds = measure_alone(client, ids[name], args.max_tokens)
+            tokens, seconds, decode_s = measure_alone(client, ids[name], args.max_tokens)
             reference[name] = tokens
-            alone_rate[name] = len(tokens) / seconds
+            alone_rate[name] = Baseline(len(tokens) / seconds, len(tokens) / decode_s)
             alone_tokens += len(tokens)
             alone_time += seconds
-    baseline = alone_tokens / alone_time
+            alone_decode += decode_s
+    baseline = Baseline(alone_tokens / alone_time, alone_tokens / alone_decode)
     rows = {}
     for config in configs:
         totals, per_prompt = Totals(), {}
@@ -331,7 +347,12 @@ def run_delay(url: str, configs: list[Config], prompts: dict, ids: dict, args) -
             "per_prompt": per_prompt,
         }
         print(f"  {url} {key}: {rows[key]['speedup']:.2f}x", flush=True)
-    return {"baseline_tokens_per_s": baseline, "baseline_by_prompt": alone_rate, "rows": rows}
+    return {
+        "baseline_tokens_per_s": baseline.tokens_per_s,
+        "baseline_decode_tokens_per_s": baseline.decode_tokens_per_s,
+        "baseline_by_prompt": {name: rate.tokens_per_s for name, rate in alone_rate.items()},
+        "rows": rows,
+    }
 
 
 # -- reporting ---------------------------------------------------------------------------
@@ -346,9 +367,9 @@ def markdown(results: dict) -> str:
         f"round trip without the proxy {meta['direct_rtt_ms']:.2f} ms.",
         "",
         "| added RTT ms (measured) | drafter | k | acceptance | tokens/round | tokens/s "
-        "| verifier alone tok/s | speedup | bytes/round | overhead ms/round | expected tok/s "
-        "| measured/expected | identical |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| verifier alone tok/s | speedup | decode speedup | bytes/round | overhead ms/round "
+        "| expected tok/s | measured/expected | identical |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for delay, block in results["delays"].items():
         for row in block["rows"].values():
@@ -356,14 +377,16 @@ def markdown(results: dict) -> str:
                 f"| {float(delay):g} ({block['rtt_ms']:.1f}) | {row['drafter']} | {row['k']} "
                 f"| {row['acceptance']:.2f} | {row['tokens_per_round']:.2f} "
                 f"| {row['tokens_per_s']:.1f} | {block['baseline_tokens_per_s']:.1f} "
-                f"| {row['speedup']:.2f}x | {row['bytes_per_round']:.0f} "
+                f"| {row['speedup']:.2f}x | {row.get('decode_speedup', 0):.2f}x "
+                f"| {row['bytes_per_round']:.0f} "
                 f"| {row['overhead_ms']:.2f} | {row['expected_tokens_per_s']:.1f} "
                 f"| {row['measured_over_expected']:.2f} | {'yes' if row['identical'] else 'NO'} |"
             )
     names = meta["prompts"]
     lines += [
         "",
-        "Per task: speedup over the verifier alone on that task (acceptance, measured/expected).",
+        "Per task: speedup over the verifier alone on that task, end to end / after the "
+        "prompt (acceptance, measured/expected).",
         "",
         "| added RTT ms | drafter | k | " + " | ".join(names) + " |",
         "|---|---|---|" + "---:|" * len(names),
@@ -371,7 +394,8 @@ def markdown(results: dict) -> str:
     for delay, block in results["delays"].items():
         for row in block["rows"].values():
             cells = [
-                f"{p['speedup']:.2f}x ({p['acceptance']:.2f}, {p['measured_over_expected']:.2f})"
+                f"{p['speedup']:.2f}x / {p.get('decode_speedup', 0):.2f}x "
+                f"({p['acceptance']:.2f}, {p['measured_over_expected']:.2f})"
                 for p in (row["per_prompt"][name] for name in names)
             ]
             lines.append(

@@ -27,7 +27,7 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
     results = json.loads((tmp_path / "bench.json").read_text())
     assert set(results["delays"]) == {"0.0", "20.0"}
     for delay, block in results["delays"].items():
-        assert block["baseline_tokens_per_s"] > 0
+        assert block["baseline_decode_tokens_per_s"] > block["baseline_tokens_per_s"] > 0
         # The proxy's added delay shows in the measured round trip.
         assert block["rtt_ms"] >= float(delay)
         labels = {(row["drafter"], row["k"]) for row in block["rows"].values()}
@@ -39,6 +39,7 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
         for row in block["rows"].values():
             assert row["identical"], (delay, row)
             assert row["tokens_per_s"] > 0 and row["expected_tokens_per_s"] > 0
+            assert row["decode_speedup"] > 0
             assert 0.0 <= row["acceptance"] <= 1.0
             assert row["overhead_ms"] >= float(delay)
     table = (tmp_path / "bench.md").read_text()

@@ -190,6 +190,27 @@ def test_drafter_evaluates_only_new_tokens(live_verifier, drafter_model):
             model.close()
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_warming_evaluates_the_prompt_the_verifier_will_hold(live_verifier, drafter_model, chat):
+    """`warm` (run while the verifier prefills, when pipelined) tokenizes the prompt as the
+    server does: the first draft then needs no decode of the prompt."""
+    with VerifierClient(live_verifier.url) as client:
+        model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+        try:
+            text = "Name three rivers of Europe."
+            prompt = model.chat_prompt(text) if chat else text
+            request = PrefillRequest(prompt=prompt, add_bos=not model.starts_with_bos(prompt))
+            model.warm(request)
+            warmed = model.decoded_tokens
+            opened = client.prefill(request)
+            assert warmed == len(opened.prompt_ids)
+            model.get_candidates(opened.prompt_ids, 1)
+            assert model.decoded_tokens == warmed
+            client.delete_session(opened.session_id)
+        finally:
+            model.close()
+
+
 def test_console_script_streams_text_and_stats(live_verifier):
     script = Path(sys.executable).parent / "draft_token_generator"
     env = {**os.environ, "DRAFTER_SERVER": live_verifier.url}

@@ -6,7 +6,14 @@ import time
 
 import pytest
 
-from scripts.bench import acceptance_estimate, expected_tokens_per_round, run_expectation
+from scripts.bench import (
+    Baseline,
+    Totals,
+    acceptance_estimate,
+    expected_tokens_per_round,
+    run_expectation,
+    summarize,
+)
 from scripts.delay_proxy import DelayProxy
 
 
@@ -46,6 +53,32 @@ def test_run_expectation_adds_up_each_round_and_the_parts():
     # Mixed draft lengths are not averaged first: f is concave in k (Jensen).
     mixed = {**stats, "rounds_by_draft_len": {"8": 6, "0": 6}}
     assert run_expectation(mixed)[0] < 12 * expected_tokens_per_round(alpha, 4)
+
+
+def test_speedups_end_to_end_and_after_the_prompt():
+    stats = {
+        "generated_tokens": 60,
+        "rounds": 20,
+        "drafted": 40,
+        "accepted": 30,
+        "rejected_rounds": 8,
+        "total_time_s": 2.0,  # 30 tok/s end to end
+        "prefill_time_s": 0.5,  # 40 tok/s after the prompt
+        "draft_time_s": 0.5,
+        "round_trip_s": 1.0,
+        "verifier_time_s": 0.9,
+        "bytes_sent": 6000,
+        "bytes_received": 4000,
+        "rounds_by_draft_len": {"2": 20},
+    }
+    totals = Totals()
+    totals.add(stats)
+    row = summarize(totals, Baseline(tokens_per_s=20.0, decode_tokens_per_s=25.0))
+    assert row["tokens_per_s"] == pytest.approx(30.0)
+    assert row["speedup"] == pytest.approx(1.5)
+    assert row["decode_speedup"] == pytest.approx(40.0 / 25.0)
+    assert row["overhead_ms"] == pytest.approx(5.0)
+    assert row["bytes_per_round"] == pytest.approx(500.0)
 
 
 @pytest.fixture

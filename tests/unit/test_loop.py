@@ -308,3 +308,36 @@ def test_adaptive_length_grows_while_drafts_are_accepted():
     _, result = run(loop, [1], 40)
     assert verifier.rounds[:5] == [2, 4, 6, 8, 8]
     assert result.tokens == target_alone([1], 40, FakeVerifier())
+
+
+class WarmedDrafter(NoisyDrafter):
+    """Records when `warm` ran relative to the prefill and the first draft."""
+
+    def __init__(self, verifier: FakeVerifier, fail: bool = False):
+        super().__init__(verifier, wrong_every=3)
+        self.fail = fail
+        self.events: list[str] = []
+
+    def warm(self, prefill: PrefillRequest) -> None:
+        self.events.append(f"warm {list(prefill.prompt_tokens)}")
+        if self.fail:
+            raise RuntimeError("the prompt does not fit")
+
+    def get_candidates(self, committed, k, stop=None) -> Draft:
+        self.events.append("draft")
+        return super().get_candidates(committed, k, stop)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("fail", [False, True])
+def test_pipelined_loop_warms_the_drafter_while_the_verifier_prefills(pipeline, fail):
+    verifier = FakeVerifier()
+    drafter = WarmedDrafter(verifier, fail=fail)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=3, n_ctx=10_000, pipeline=pipeline)
+    _, result = run(loop, [5, 6, 7], 20)
+    assert result.tokens == target_alone([5, 6, 7], 20, FakeVerifier())
+    if pipeline:
+        assert drafter.events[:2] == ["warm [5, 6, 7]", "draft"]  # once, before any draft
+        assert drafter.events.count("warm [5, 6, 7]") == 1
+    else:
+        assert "warm [5, 6, 7]" not in drafter.events
