@@ -62,7 +62,8 @@ DraftNOpt = Annotated[
     typer.Option(
         "--draft-n",
         help="tokens drafted per round (k), or 'auto': +2 after a fully accepted round, "
-        "-1 after a rejection (HF's heuristic schedule)",
+        "-1 after a rejection (HF's heuristic schedule); with --drafter ngram, x2 after a "
+        "fully accepted round, else one past the accepted prefix",
     ),
 ]
 

@@ -5,6 +5,11 @@ every draft accepted whole earns two more tokens next round, any rejection costs
 Measured here against confidence cut-offs (llama.cpp's p_min, fixed at 0.5 and 0.75, and
 one whose threshold followed the session's measured costs): on this project's CPU pair
 the schedule held up best across network delays; see the README's Performance section.
+
+Prompt lookup drafts cost nothing to make and are all or nothing: a copied span runs on
+for dozens of tokens, then breaks off. `DoublingLength` follows that: it doubles after a
+whole draft was accepted and falls to one past what was accepted after a rejection. It is
+what `auto` means for the n-gram drafter (measured in the README against HF's schedule).
 Pure: no model, no clock.
 """
 
@@ -60,7 +65,37 @@ class AdaptiveLength:
         return "auto"
 
 
-DraftLength = FixedLength | AdaptiveLength
+@dataclass
+class DoublingLength:
+    """x2 after a round whose whole draft was accepted; after a rejection, the accepted
+    prefix plus one. Within [minimum, maximum], starting at `start`."""
+
+    maximum: int
+    start: int = 4
+    minimum: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError("need 1 <= minimum <= maximum")
+        self.k = min(max(self.start, self.minimum), self.maximum)
+
+    def next(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        if drafted == 0:
+            return  # no match, or a round cut short: nothing learned
+        if accepted_prefix_len == drafted:
+            self.k = min(2 * self.k, self.maximum)
+        else:
+            self.k = min(max(accepted_prefix_len + 1, self.minimum), self.maximum)
+
+    @property
+    def label(self) -> str:
+        return "auto"
+
+
+DraftLength = FixedLength | AdaptiveLength | DoublingLength
 
 
 def parse_draft_n(value: str) -> int | None:

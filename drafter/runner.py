@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
-from drafter.draft_length import AdaptiveLength, DraftLength, FixedLength
+from drafter.draft_length import AdaptiveLength, DoublingLength, DraftLength, FixedLength
 from drafter.errors import DrafterError
 from drafter.loop import CandidateGenerator, RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
@@ -158,9 +158,13 @@ def candidate_generator(model: DraftModel, options: RunOptions) -> CandidateGene
 
 
 def draft_length(options: RunOptions, info: InfoResponse) -> DraftLength:
-    if options.draft_n == "auto":
-        return AdaptiveLength(maximum=info.max_draft)
-    return FixedLength(options.draft_n)
+    """`auto`: HF's schedule for a model's drafts, doubling for prompt lookup's (see
+    drafter/draft_length.py)."""
+    if options.draft_n != "auto":
+        return FixedLength(options.draft_n)
+    if options.drafter == "ngram":
+        return DoublingLength(maximum=info.max_draft)
+    return AdaptiveLength(maximum=info.max_draft)
 
 
 def speculative_loop(

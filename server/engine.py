@@ -247,6 +247,7 @@ class Engine:
         self, request: VerifyRequest, owner: str | None = None
     ) -> VerifyWork | VerifyResponse:
         """The round's work, or, for a replay of the last round, its recorded answer."""
+        began = time.perf_counter()  # engine_ms counts the checks too
         session = self.session(request.session_id, owner)
         round_key = _round_key(request)
         if session.last_round_key == round_key and session.last_response:
@@ -261,7 +262,7 @@ class Engine:
             BatchEntry(token=t, pos=start + i, seq_id=session.seq_id, want_logits=True)
             for i, t in enumerate([session.tokens[-1], *draft_tokens])
         ]
-        return VerifyWork(session, draft_tokens, draft_probs, start, entries, round_key)
+        return VerifyWork(session, draft_tokens, draft_probs, start, entries, round_key, began)
 
     def finish_verify(
         self, work: VerifyWork, logits: np.ndarray, decode_ms: float

@@ -94,9 +94,9 @@ class RoundTimings(WireModel):
     decode_ms: float = Field(description="time spent in llama_decode for this round")
     engine_ms: float = Field(
         0.0,
-        description="the round's time on the engine thread: checks, llama_decode (shared "
-        "with the sessions batched with it), acceptance. The rest of a round trip is "
-        "protocol: HTTP, JSON, the hand-off between threads, the network",
+        description="the round's time in the engine: checks, llama_decode (shared with "
+        "the sessions batched with it), acceptance. The rest of a round trip is protocol: "
+        "HTTP, JSON, the hand-off between threads, the network",
     )
     decoded_tokens: int = Field(description="tokens evaluated for this round (k + 1)")
 

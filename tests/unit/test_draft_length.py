@@ -2,7 +2,7 @@
 
 import pytest
 
-from drafter.draft_length import AdaptiveLength, FixedLength, parse_draft_n
+from drafter.draft_length import AdaptiveLength, DoublingLength, FixedLength, parse_draft_n
 
 
 def test_fixed_length_never_moves():
@@ -36,6 +36,41 @@ def test_a_round_with_no_draft_teaches_nothing():
     length = AdaptiveLength(maximum=16, start=4)
     length.update(0, 0)
     assert length.next() == 4
+
+
+def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
+    length = DoublingLength(maximum=16, start=4)
+    seen = []
+    for drafted, accepted in ((4, 4), (8, 8), (16, 16), (16, 9), (10, 0), (1, 1), (0, 0), (2, 2)):
+        assert length.next() >= drafted
+        length.update(drafted, accepted)
+        seen.append(length.next())
+    assert seen == [8, 16, 16, 10, 1, 2, 2, 4]
+
+
+def test_doubling_bounds():
+    length = DoublingLength(maximum=6, start=10, minimum=2)
+    assert length.next() == 6
+    length.update(6, 0)
+    assert length.next() == 2
+    with pytest.raises(ValueError):
+        DoublingLength(maximum=4, minimum=0)
+
+
+def test_auto_means_the_schedule_that_suits_the_drafter():
+    from drafter.runner import RunOptions, draft_length
+    from server.protocol import InfoResponse
+
+    info = InfoResponse.model_construct(max_draft=16)
+    options = RunOptions(server="http://x", model="m.gguf", prompt="p", draft_n="auto")
+    assert isinstance(draft_length(options, info), AdaptiveLength)
+    options.drafter = "model+ngram"
+    assert isinstance(draft_length(options, info), AdaptiveLength)
+    options.drafter = "ngram"
+    assert isinstance(draft_length(options, info), DoublingLength)
+    assert draft_length(options, info).maximum == 16
+    options.draft_n = 3
+    assert draft_length(options, info) == FixedLength(3)
 
 
 def test_parse_draft_n():
