@@ -13,7 +13,7 @@ import ssl
 import time
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -97,7 +97,7 @@ class VerifierClient:
         return self._call("POST", "/generate", request, GenerateResponse)
 
     def delete_session(self, session_id: str) -> None:
-        self._call("DELETE", f"/sessions/{session_id}", None, None)
+        self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None)
 
     def close(self) -> None:
         self._conn.close()

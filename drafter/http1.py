@@ -26,6 +26,11 @@ class BadResponse(OSError):
     """What came back is not an HTTP/1.x response this parser can frame."""
 
 
+class IncompleteResponse(OSError):
+    """The connection ended partway through an answer: the request may have been
+    processed, so it is retried only with the caller's backoff, never resent at once."""
+
+
 class Reply(NamedTuple):
     status: int
     reason: str
@@ -119,13 +124,15 @@ class Connection:
             if not self._fill():
                 if not self._buffer and not fresh:
                     raise StaleConnection("the verifier closed the kept-alive connection")
-                raise ConnectionResetError("the verifier closed the connection mid-response")
+                raise IncompleteResponse("the verifier closed the connection mid-response")
 
     def _read_response(self, head_only: bool, fresh: bool) -> Reply:
+        wire_bytes = 0
         while True:
-            head, wire_bytes = self._read_head(fresh)
+            head, head_bytes = self._read_head(fresh)
+            wire_bytes += head_bytes
             status, reason, version, headers = _parse_head(head)
-            if status >= 200 or status == 101:
+            if status >= 200:
                 break
             fresh = True  # an interim 1xx answer: the real one follows
         fields = {name.lower(): value for name, value in headers}
@@ -135,14 +142,14 @@ class Connection:
         )
         if head_only or status in (204, 304):
             body = b""
-        elif "chunked" in fields.get("transfer-encoding", "").lower():
+        elif fields.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked":
             body, used = self._read_chunked()
             wire_bytes += used
         elif "content-length" in fields:
-            try:
-                length = int(fields["content-length"])
-            except ValueError as exc:
-                raise BadResponse(f"bad Content-Length {fields['content-length']!r}") from exc
+            length_text = fields["content-length"]
+            if not (length_text.isascii() and length_text.isdigit()):
+                raise BadResponse(f"bad Content-Length {length_text!r}")
+            length = int(length_text)
             body = self._read_exactly(length)
             wire_bytes += length
         else:  # delimited by the end of the connection
@@ -157,7 +164,7 @@ class Connection:
     def _read_exactly(self, length: int) -> bytes:
         while len(self._buffer) < length:
             if not self._fill():
-                raise ConnectionResetError("the verifier closed the connection mid-body")
+                raise IncompleteResponse("the verifier closed the connection mid-body")
         body = bytes(self._buffer[:length])
         del self._buffer[:length]
         return body
@@ -167,7 +174,7 @@ class Connection:
             if len(self._buffer) > MAX_HEAD_BYTES:
                 raise BadResponse("a chunk-size line too long")
             if not self._fill():
-                raise ConnectionResetError("the verifier closed the connection mid-body")
+                raise IncompleteResponse("the verifier closed the connection mid-body")
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 2]
         return line
@@ -178,10 +185,10 @@ class Connection:
         while True:
             line = self._read_line()
             used += len(line) + 2
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError as exc:
-                raise BadResponse(f"bad chunk size {line[:40]!r}") from exc
+            size_text = line.split(b";", 1)[0].strip()
+            if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
+                raise BadResponse(f"bad chunk size {line[:40]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 while trailer := self._read_line():  # trailers, up to the empty line
                     used += len(trailer) + 2
@@ -196,7 +203,8 @@ def _parse_head(head: bytes) -> tuple[int, str, str, list[tuple[str, str]]]:
     status_line, *lines = head.decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or not code.isdigit() or len(code) != 3:
+    well_formed = code.isascii() and code.isdigit() and len(code) == 3
+    if not version.startswith("HTTP/1.") or not well_formed:
         raise BadResponse(f"not an HTTP/1.x response: {status_line[:80]!r}")
     headers = []
     for line in lines:

@@ -110,27 +110,29 @@ class SpeculativeLoop:
         stats = result.stats
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
+        switch_interval = sys.getswitchinterval()
         began = time.perf_counter()
         try:
             opened = self._open(prefill, sender)
         except BaseException:
             if sender is not None:
-                sender.shutdown(wait=True)
+                # Not waiting out a prefill on Ctrl-C: a session it still opens ends at
+                # the verifier's idle TTL.
+                sender.shutdown(wait=False, cancel_futures=True)
             raise
-        stats.prefill_time_s = time.perf_counter() - began
-        result.prompt_ids = list(opened.prompt_ids)
-        result.strategy, result.lossless = opened.strategy, opened.lossless
-        stats.prompt_tokens = opened.prompt_len
-        committed = list(opened.prompt_ids)
         session_id = opened.session_id
-        lost_in_a_row = 0
-        switch_interval = sys.getswitchinterval()
-        if sender is not None:
-            # The answer wakes the sender thread while this one drafts; a thread waiting
-            # for the GIL otherwise waits up to 5 ms for it (measured: one round in ~30
-            # took ~4 ms longer to be read).
-            sys.setswitchinterval(min(switch_interval, PIPELINE_SWITCH_INTERVAL_S))
         try:
+            stats.prefill_time_s = time.perf_counter() - began
+            result.prompt_ids = list(opened.prompt_ids)
+            result.strategy, result.lossless = opened.strategy, opened.lossless
+            stats.prompt_tokens = opened.prompt_len
+            committed = list(opened.prompt_ids)
+            lost_in_a_row = 0
+            if sender is not None:
+                # The answer wakes the sender thread while this one drafts; a thread
+                # waiting for the GIL otherwise waits up to 5 ms for it (measured: one
+                # round in ~30 took ~4 ms longer to be read).
+                sys.setswitchinterval(min(switch_interval, PIPELINE_SWITCH_INTERVAL_S))
             while True:
                 remaining = max_tokens - len(result.tokens)
                 if remaining <= 0:

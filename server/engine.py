@@ -5,8 +5,8 @@ last are in the KV cache, and the last one (the pending token) is evaluated at t
 of the next round together with the draft, so a round costs one decode of k+1 tokens
 whatever the context length.
 
-Not thread-safe: the app calls it only from the batch scheduler's thread
-(server/scheduler.py).
+Not thread-safe: the app calls it only under the batch scheduler's engine lock
+(server/scheduler.py), from its thread or, for a lone round, from the event loop.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Continuous batching: every session's pending work shares one llama_decode.
 
-One thread owns the engine. Requests queue jobs in arrival order; each pass of the loop
+One thread at a time uses the engine. Requests queue jobs in arrival order; each pass of the loop
 takes the queued jobs in that order, builds one batch (one KV sequence per session, at
 most n_batch tokens: a verify round whole, a prefill in chunks), decodes it once and
 hands each job its share. A lone request is decoded at once: nobody waits for company.
@@ -127,11 +127,9 @@ class BatchScheduler:
             if not self._engine_lock.acquire(blocking=False):
                 return None
             try:
-                response = self._verify_now(request, owner)
+                return self._verify_now(request, owner)
             finally:
                 self._engine_lock.release()
-            self.metrics.inline_rounds.inc()
-            return response
         finally:
             self._arriving -= 1
 
@@ -147,6 +145,7 @@ class BatchScheduler:
         except Exception:
             self.engine.abort_verify(work)
             raise
+        self.metrics.inline_rounds.inc()
         return self.engine.finish_verify(work, logits, decode_s * 1000.0)
 
     # -- the engine thread ------------------------------------------------------------

@@ -57,9 +57,9 @@ async def verify_lane(scope, receive, send) -> None:
     body = await _read_body(receive)
     if body is None:
         return  # the client hung up before sending its request
-    state: AppState = scope["app"].state.verifier
     owner = scope.get("state", {}).get("key_id", "anonymous")
     try:
+        state: AppState = scope["app"].state.verifier
         request = VerifyRequest.model_validate_json(body)
         response = await verify_round(state, request, owner)
     except ValidationError as exc:

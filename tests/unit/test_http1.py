@@ -11,7 +11,7 @@ import pytest
 
 from drafter.client import VerifierClient
 from drafter.errors import VerifierUnavailable
-from drafter.http1 import BadResponse, Connection, StaleConnection
+from drafter.http1 import BadResponse, Connection, IncompleteResponse, StaleConnection
 
 OK_JSON = b'{"status":"ok"}'
 
@@ -135,9 +135,11 @@ def test_chunked_body_with_extensions_and_trailers(scripted):
     assert server.connections == 1
 
 
-def test_interim_1xx_is_skipped(scripted):
-    conn = connection(scripted(b"HTTP/1.1 100 Continue\r\n\r\n" + content_length(OK_JSON)))
-    assert conn.request(GET).status == 200
+def test_interim_1xx_is_skipped_and_counted(scripted):
+    wire = b"HTTP/1.1 100 Continue\r\n\r\n" + content_length(OK_JSON)
+    reply = connection(scripted(wire)).request(GET)
+    assert reply.status == 200
+    assert reply.wire_bytes == len(wire)
 
 
 def test_connection_close_and_close_delimited_bodies(scripted):
@@ -168,6 +170,9 @@ def test_204_has_no_body(scripted):
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: many\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-5\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+        "HTTP/1.1 2\u00b2\u00b3 OK\r\n\r\n".encode("latin-1"),
     ],
 )
 def test_what_is_not_http_is_a_bad_response(scripted, wire):
@@ -187,8 +192,23 @@ def test_a_closed_kept_alive_connection_is_stale(scripted):
         conn.request(GET)
     # On a fresh connection the same thing is a real failure, not a stale one.
     conn = connection(scripted(hang_up))
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(IncompleteResponse):
         conn.request(GET)
+
+
+def test_a_close_mid_answer_is_not_resent_at_once(scripted):
+    def half_then_close(conn: socket.socket) -> None:
+        conn.sendall(content_length(OK_JSON)[:-4])
+        conn.close()
+
+    server = scripted(content_length(OK_JSON), half_then_close, content_length(b'{"c":3}'))
+    client = VerifierClient(f"http://127.0.0.1:{server.port}", max_retries=1)
+    pauses = []
+    client._pause = lambda attempt, retry_after: pauses.append(attempt)
+    client._call("GET", "/x", None, None)
+    client._call("GET", "/y", None, None)  # answered in part: retried after a pause
+    assert pauses == [0]
+    assert [request.split(b" ")[1] for _, request in server.requests] == [b"/x", b"/y", b"/y"]
 
 
 def test_client_resends_once_at_once_on_a_stale_connection(scripted):
