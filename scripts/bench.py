@@ -7,13 +7,13 @@ CLI pinned to another (two machines, as far as two cores can stand for them), th
 delaying TCP proxy on loopback (scripts/delay_proxy.py), over a fixed prompt set: chat,
 code, prose, and an editing task whose answer repeats its input. For each drafter (model
 sequential, model pipelined, n-gram) and k it reports acceptance, tokens per round,
-tokens/s, the speedup over the verifier alone (`/generate`, through the same proxy), bytes
-per round, the protocol overhead per round, and the tokens/s expected from the measured
-acceptance and times (Leviathan et al.; see `expected_tokens_per_s`), with the ratio
-measured/expected. Greedy throughout; every run's tokens are checked against the
-verifier alone.
+tokens/s, the speedup over the verifier alone (`/generate`, through the same proxy) end
+to end and after the prompt's prefill, bytes per round, the protocol overhead per round,
+and the tokens/s expected from the measured acceptance and times (Leviathan et al.; see
+`run_expectation`), with the ratio measured/expected. Greedy throughout; every run's
+tokens are checked against the verifier alone.
 
-    python scripts/bench.py                 # the full grid, ~20 minutes here
+    python scripts/bench.py                 # the full grid, ~12 minutes here
     python scripts/bench.py --quick         # one prompt, two delays, a smoke run
 """
 
