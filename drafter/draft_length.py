@@ -34,19 +34,18 @@ class FixedLength:
 
 
 @dataclass
-class AdaptiveLength:
-    """+2 after a round whose whole draft was accepted, -1 after a rejection, within
-    [minimum, maximum]. Starts at `start`."""
+class _LearnedLength:
+    """A k within [minimum, maximum], starting at `start`, moved by each round's outcome."""
 
     maximum: int
     start: int = 4
     minimum: int = 1
-    grow: int = 2
-    shrink: int = 1
+
+    lowest_minimum = 0  # the smallest `minimum` the schedule can work with
 
     def __post_init__(self) -> None:
-        if not 0 <= self.minimum <= self.maximum:
-            raise ValueError("need 0 <= minimum <= maximum")
+        if not self.lowest_minimum <= self.minimum <= self.maximum:
+            raise ValueError(f"need {self.lowest_minimum} <= minimum <= maximum")
         self.k = min(max(self.start, self.minimum), self.maximum)
 
     def next(self) -> int:
@@ -54,11 +53,11 @@ class AdaptiveLength:
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
         if drafted == 0:
-            return  # nothing learned (a round cut short by max_tokens or the context)
-        if accepted_prefix_len == drafted:
-            self.k = min(self.k + self.grow, self.maximum)
-        else:
-            self.k = max(self.k - self.shrink, self.minimum)
+            return  # no draft (no match, or a round cut short): nothing learned
+        self.k = min(max(self._after(drafted, accepted_prefix_len), self.minimum), self.maximum)
+
+    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
+        raise NotImplementedError
 
     @property
     def label(self) -> str:
@@ -66,33 +65,29 @@ class AdaptiveLength:
 
 
 @dataclass
-class DoublingLength:
-    """x2 after a round whose whole draft was accepted; after a rejection, the accepted
-    prefix plus one. Within [minimum, maximum], starting at `start`."""
+class AdaptiveLength(_LearnedLength):
+    """+2 after a round whose whole draft was accepted, -1 after a rejection."""
 
-    maximum: int
-    start: int = 4
-    minimum: int = 1
+    grow: int = 2
+    shrink: int = 1
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.minimum <= self.maximum:
-            raise ValueError("need 1 <= minimum <= maximum")
-        self.k = min(max(self.start, self.minimum), self.maximum)
-
-    def next(self) -> int:
-        return self.k
-
-    def update(self, drafted: int, accepted_prefix_len: int) -> None:
-        if drafted == 0:
-            return  # no match, or a round cut short: nothing learned
+    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
         if accepted_prefix_len == drafted:
-            self.k = min(2 * self.k, self.maximum)
-        else:
-            self.k = min(max(accepted_prefix_len + 1, self.minimum), self.maximum)
+            return self.k + self.grow
+        return self.k - self.shrink
 
-    @property
-    def label(self) -> str:
-        return "auto"
+
+@dataclass
+class DoublingLength(_LearnedLength):
+    """x2 after a round whose whole draft was accepted; after a rejection, the accepted
+    prefix plus one."""
+
+    lowest_minimum = 1
+
+    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
+        if accepted_prefix_len == drafted:
+            return 2 * self.k
+        return accepted_prefix_len + 1
 
 
 DraftLength = FixedLength | AdaptiveLength | DoublingLength

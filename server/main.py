@@ -15,12 +15,12 @@ from fastapi import FastAPI
 
 from server.engine import Engine
 from server.errors import install_error_handlers
-from server.metrics import RequestMetricsMiddleware, VerifierMetrics
+from server.metrics import VerifierMetrics
 from server.protocol import ErrorBody
 from server.routes import generate, service, sessions
 from server.runtime import LlamaRuntime
 from server.scheduler import BatchScheduler
-from server.security import ApiKeys, GuardMiddleware
+from server.security import ApiKeys
 from server.settings import VerifierSettings, get_settings
 from server.state import AppState
 from server.verify_lane import VerifierAPI
@@ -76,9 +76,8 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
                 await asyncio.to_thread(state.scheduler.stop)
                 state.engine.close()
 
-    keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
     app = VerifierAPI(
-        keys=keys,
+        keys=ApiKeys.from_settings(settings.api_keys, settings.api_key_file),
         max_body_bytes=settings.max_body_bytes,
         title="hetero-specdecode verifier",
         version="0.1.0",
@@ -94,12 +93,8 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         },
     )
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, keys=keys, max_body_bytes=settings.max_body_bytes)
     for module in (sessions, generate, service):
         app.include_router(module.router)
-
-    # Added last, so it runs first: the guard's 401s and 413s are counted too.
-    app.add_middleware(RequestMetricsMiddleware)
     return app
 
 
