@@ -33,7 +33,9 @@ R = TypeVar("R", bound=BaseModel)
 
 USER_AGENT = "draft_token_generator/0.1"
 JSON_BODY_HEADERS = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
+# Full, loading, or a balancer between us and a verifier that is restarting. A 500 is a
+# failure the verifier says will not go away (decode_failed, internal_error): not retried.
+RETRY_STATUSES = frozenset({502, 503, 504})
 # A kept-alive connection the server has since closed fails on first use; that is not a
 # lost request, so it is sent once more on a new connection at once.
 STALE_CONNECTION = (StaleConnection, ConnectionResetError, BrokenPipeError)
@@ -133,8 +135,7 @@ class VerifierClient:
                 f"(cannot reach the verifier: {exc})"
             ) from exc
         if reply.status in RETRY_STATUSES and attempt < self.max_retries:
-            # Full, loading or failing: the round was not committed, so sending it again
-            # is safe.
+            # The round was not committed, so sending it again is safe.
             self._pause(attempt, reply.header("retry-after"))
             return self._call(method, path, body, response_type, attempt + 1)
         if reply.status >= 400:

@@ -130,8 +130,7 @@ class SpeculativeLoop:
             lost_in_a_row = 0
             if sender is not None:
                 # The answer wakes the sender thread while this one drafts; a thread
-                # waiting for the GIL otherwise waits up to 5 ms for it (measured: one
-                # round in ~30 took ~4 ms longer to be read).
+                # waiting for the GIL otherwise waits a whole switch interval for it.
                 sys.setswitchinterval(min(switch_interval, PIPELINE_SWITCH_INTERVAL_S))
             while True:
                 remaining = max_tokens - len(result.tokens)

@@ -22,7 +22,7 @@ import numpy as np
 
 from drafter.errors import DraftModelError
 from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
-from server.runtime import BatchEntry, LlamaRuntime, RuntimeError_, supports_gpu_offload
+from server.runtime import BatchEntry, LlamaError, LlamaRuntime, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
 
 SEQ_ID = 0
@@ -77,7 +77,7 @@ class DraftModel:
                 n_gpu_layers=default_gpu_layers() if n_gpu_layers is None else n_gpu_layers,
                 verbose=verbose,
             )
-        except (FileNotFoundError, RuntimeError_) as exc:
+        except (FileNotFoundError, LlamaError) as exc:
             raise DraftModelError(f"cannot load the draft model: {exc}") from exc
         self.model_path = Path(model_path)
         self.name = self.runtime.metadata("general.name") or self.model_path.stem

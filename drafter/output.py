@@ -48,6 +48,16 @@ def speedup(result: SpeculativeResult, baseline: BaselineResult) -> float:
     return result.stats.tokens_per_s / base if base > 0 else 0.0
 
 
+def lossless_note(result: SpeculativeResult) -> str:
+    """Why the output may not be exactly the verifier's own, if it may not be."""
+    if result.lossless:
+        return ""
+    if result.strategy == "greedy":
+        # The verifier's startup probe found logits that change with the batch shape.
+        return " (NOT exact: the verifier is not batch-invariant, see its /info)"
+    return " (LOSSY: not the verifier's distribution)"
+
+
 class TextRenderer:
     """Streams the answer; on a terminal, accepted drafts and target tokens differ in colour."""
 
@@ -96,14 +106,7 @@ class TextRenderer:
             ("bytes sent", f"{stats.bytes_sent:,}"),
             ("bytes received", f"{stats.bytes_received:,}"),
         ]
-        rows.insert(
-            0,
-            (
-                "strategy",
-                f"{result.strategy}"
-                + ("" if result.lossless else " (LOSSY: not the verifier's distribution)"),
-            ),
-        )
+        rows.insert(0, ("strategy", f"{result.strategy}{lossless_note(result)}"))
         rows += [
             (
                 "bytes per round",
@@ -125,8 +128,10 @@ class TextRenderer:
                 ("speedup (measured)", f"{speedup(result, baseline):.2f}x"),
             ]
             if result.strategy == "greedy":
-                same = baseline.tokens == result.tokens
-                rows.append(("same tokens as baseline", "yes" if same else "NO"))
+                same = "yes" if baseline.tokens == result.tokens else "NO"
+                if not result.lossless:
+                    same += " (not guaranteed: the verifier is not batch-invariant)"
+                rows.append(("same tokens as baseline", same))
         for row in rows:
             table.add_row(*row)
         self.console.print(table)

@@ -38,6 +38,14 @@ class NPastMismatch(APIError):
     error_type = "n_past_mismatch"
 
 
+class SessionBusy(APIError):
+    """A guard: the scheduler never lets two rounds (or a round and a delete) of one
+    session meet in the engine."""
+
+    status_code = 409
+    error_type = "session_busy"
+
+
 class InvalidToken(APIError):
     error_type = "invalid_token"
 
@@ -48,6 +56,10 @@ class DraftTooLong(APIError):
 
 class ContextOverflow(APIError):
     error_type = "context_overflow"
+
+
+class EmptyPrompt(APIError):
+    error_type = "empty_prompt"
 
 
 class InvalidDraftProbs(APIError):
@@ -74,9 +86,16 @@ class ServerFull(APIError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
-class EngineFailure(APIError):
-    status_code = 503
-    error_type = "engine_busy"
+class DecodeFailed(APIError):
+    """llama_decode refused this job even alone: retrying will not help."""
+
+    status_code = 500
+    error_type = "decode_failed"
+
+
+class InternalError(APIError):
+    status_code = 500
+    error_type = "internal_error"
 
 
 def error_body(status_code: int, error_type: str, message: str) -> dict:

@@ -56,7 +56,7 @@ async def generate(
                 eos = True
                 break
     finally:
-        await scheduler.call(lambda: engine.discard_session(prefill.session_id))
+        await scheduler.call(lambda: engine.discard_session(prefill.session_id), prefill.session_id)
     ended = time.perf_counter()
     decode_s = ended - prompt_done
     return GenerateResponse(

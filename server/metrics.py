@@ -21,9 +21,15 @@ class VerifierMetrics:
         self.active_sessions = Gauge(
             "verifier_active_sessions", "sessions holding a KV sequence", registry=r
         )
-        self.evicted_sessions = Gauge(
+        self.evicted_sessions = Counter(
             "verifier_evicted_sessions",
-            "sessions evicted (least recently used) so far",
+            "sessions evicted (least recently used) to make room for a new one",
+            registry=r,
+        )
+        self.joined_rounds = Counter(
+            "verifier_joined_rounds",
+            "/verify requests that were a duplicate of the session's round in flight and "
+            "got its answer",
             registry=r,
         )
         self.expired_sessions = Counter(
@@ -129,7 +135,7 @@ MODEL_PATHS = frozenset({"/prefill", "/verify", "/generate"})
 class RequestMetricsMiddleware:
     """Pure ASGI: counts requests by route and status, and keeps the busy clock running
     while model work is in flight. (Starlette's BaseHTTPMiddleware would add a task
-    group and a memory stream to every request: about half a millisecond a round.)"""
+    group and a memory stream to every request, on the path of every round.)"""
 
     def __init__(self, app):
         self.app = app

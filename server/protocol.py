@@ -30,6 +30,11 @@ class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ResponseModel(BaseModel):
+    # A newer server may add fields (protocol v1 grows compatibly): a client ignores them.
+    model_config = ConfigDict(extra="ignore")
+
+
 class SamplingParams(WireModel):
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
     top_k: int = Field(0, ge=0, le=1 << 20, description="0 = no top-k cut")
@@ -70,7 +75,7 @@ class PrefillRequest(PromptInput):
     )
 
 
-class PrefillResponse(WireModel):
+class PrefillResponse(ResponseModel):
     session_id: str
     prompt_ids: list[int]
     prompt_len: int
@@ -90,7 +95,7 @@ class VerifyRequest(WireModel):
     )
 
 
-class RoundTimings(WireModel):
+class RoundTimings(ResponseModel):
     decode_ms: float = Field(description="time spent in llama_decode for this round")
     engine_ms: float = Field(
         0.0,
@@ -101,7 +106,7 @@ class RoundTimings(WireModel):
     decoded_tokens: int = Field(description="tokens evaluated for this round (k + 1)")
 
 
-class VerifyResponse(WireModel):
+class VerifyResponse(ResponseModel):
     accepted_prefix_len: int
     tokens: list[int] = Field(description="draft_tokens[:m] + one token chosen by the target")
     preds: list[int] = Field(description="the target's argmax at each of the k+1 positions")
@@ -117,14 +122,14 @@ class GenerateRequest(PromptInput):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
 
-class GenerateTimings(WireModel):
+class GenerateTimings(ResponseModel):
     prompt_ms: float
     decode_ms: float
     total_ms: float
     tokens_per_s: float
 
 
-class GenerateResponse(WireModel):
+class GenerateResponse(ResponseModel):
     prompt_ids: list[int]
     tokens: list[int]
     text: str
@@ -132,7 +137,7 @@ class GenerateResponse(WireModel):
     timings: GenerateTimings
 
 
-class InfoResponse(WireModel):
+class InfoResponse(ResponseModel):
     protocol_version: int = PROTOCOL_VERSION
     model: str
     model_path: str
@@ -146,24 +151,32 @@ class InfoResponse(WireModel):
     max_draft: int
     max_sessions: int
     flash_attn: bool
+    batch_invariant: bool = Field(
+        True,
+        description="whether a row's logits were bit-identical however it was batched, in "
+        "the startup probe on this build and device; greedy is token for token only if so",
+    )
+    batch_max_diff: float = Field(
+        0.0, description="the probe's largest logit difference between batch shapes"
+    )
     strategies: dict[str, bool] = Field(
         default_factory=lambda: dict(LOSSLESS),
-        description="verification strategies, each mapped to whether it is lossless",
+        description="verification strategies, each mapped to whether it is lossless here",
     )
 
 
-class HealthResponse(WireModel):
+class HealthResponse(ResponseModel):
     status: Literal["ok", "loading", "error"]
     detail: str | None = None
 
 
-class ErrorDetail(WireModel):
+class ErrorDetail(ResponseModel):
     code: int
     type: str
     message: str
 
 
-class ErrorBody(WireModel):
+class ErrorBody(ResponseModel):
     error: ErrorDetail
 
 

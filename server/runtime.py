@@ -33,11 +33,11 @@ def _init_backend(verbose: bool) -> None:
             _backend_ready = True
 
 
-class RuntimeError_(Exception):
+class LlamaError(Exception):
     """llama.cpp refused an operation (model load, context, decode)."""
 
 
-class DecodeError(RuntimeError_):
+class DecodeError(LlamaError):
     def __init__(self, status: int):
         self.status = status
         reason = {1: "no KV cache slot for the batch", 2: "aborted"}.get(status, "decode failed")
@@ -79,7 +79,7 @@ class LlamaRuntime:
         model_params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
         self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
         if not self._model:
-            raise RuntimeError_(f"llama.cpp could not load the model {model_path}")
+            raise LlamaError(f"llama.cpp could not load the model {model_path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
 
@@ -103,7 +103,7 @@ class LlamaRuntime:
         self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
-            raise RuntimeError_("llama.cpp could not create a context (out of memory?)")
+            raise LlamaError("llama.cpp could not create a context (out of memory?)")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_seq_max = n_seq_max
         self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
@@ -188,7 +188,7 @@ class LlamaRuntime:
         """Render (role, content) messages with the model's own chat template."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if template is None:
-            raise RuntimeError_(f"{self.model_path.name} has no chat template")
+            raise LlamaError(f"{self.model_path.name} has no chat template")
         chat = (llama_cpp.llama_chat_message * len(messages))()
         keep = []  # the C struct holds pointers: keep the bytes alive
         for i, (role, content) in enumerate(messages):
@@ -201,11 +201,11 @@ class LlamaRuntime:
             buf = ctypes.create_string_buffer(size)
             n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
             if n < 0:
-                raise RuntimeError_("llama.cpp does not know this model's chat template")
+                raise LlamaError("llama.cpp does not know this model's chat template")
             if n <= size:
                 return buf.raw[:n].decode("utf-8")
             size = n
-        raise RuntimeError_("chat template output kept growing")
+        raise LlamaError("chat template output kept growing")
 
     # -- the KV cache -----------------------------------------------------------------
 
@@ -268,7 +268,7 @@ class LlamaRuntime:
     def remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
         """Drop the sequence's KV entries at positions [p0, p1) (p1 = -1: to the end)."""
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1):
-            raise RuntimeError_(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+            raise LlamaError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
 
     def clear(self, seq_id: int) -> None:
         self.remove(seq_id, -1, -1)
@@ -299,4 +299,4 @@ def quantize_model(
         str(source).encode(), str(destination).encode(), ctypes.byref(params)
     )
     if status != 0:
-        raise RuntimeError_(f"llama_model_quantize({source} -> {ftype}) returned {status}")
+        raise LlamaError(f"llama_model_quantize({source} -> {ftype}) returned {status}")

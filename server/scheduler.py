@@ -1,19 +1,25 @@
 """Continuous batching: every session's pending work shares one llama_decode.
 
-One thread at a time uses the engine. Requests queue jobs in arrival order; each pass of the loop
-takes the queued jobs in that order, builds one batch (one KV sequence per session, at
-most n_batch tokens: a verify round whole, a prefill in chunks), decodes it once and
-hands each job its share. A lone request is decoded at once: nobody waits for company.
-With flash attention on, a row's logits do not depend on what else is in the batch, so
-each result is exactly what it would be alone.
+One thread at a time uses the engine. Requests queue jobs in arrival order; each pass of
+the loop takes the queued jobs in that order and decides which share one batch (one KV
+sequence per session, at most n_batch tokens: a verify round whole, a prefill in
+chunks); the engine decodes it and finishes or undoes each job (`Engine.run_batch`). A
+lone request is decoded at once: nobody waits for company. With flash attention on, a
+row's logits do not depend on what else is in the batch, so each result is exactly what
+it would be alone (the engine checks this at startup: `/info.batch_invariant`).
+
+One round per session at a time: a /verify for a session whose round is queued or being
+decoded waits for it. If it is the same round (a duplicate, a retry), it gets that
+round's very answer; otherwise it runs after it (and usually gets 409, n_past having
+moved). Calls that change the session table (DELETE, expiry, eviction) never touch a
+session with work queued ahead of them: a DELETE waits for the session's queued rounds.
 
 A verify round that finds the engine idle and no other round arriving is decoded on the
-caller's own thread instead (`inline_rounds`): handing it to the engine thread and the
-answer back costs two thread switches, about 0.2 ms of a round's protocol overhead here.
-The engine is still used by one thread at a time: whoever holds `_engine_lock`. The
-event loop is blocked for that one round's decode, which is no longer than the round
-would wait behind a decode already running; prefills and batches stay on the engine
-thread, so a long prompt never stalls /health.
+caller's own thread instead (`inline_rounds`), saving the two thread switches of the
+hand-off to the engine thread and back. The engine is still used by one thread at a
+time: whoever holds `_engine_lock`. The event loop is blocked for that one round's
+decode, which is no longer than the round would wait behind a decode already running;
+prefills and batches stay on the engine thread, so a long prompt never stalls /health.
 """
 
 from __future__ import annotations
@@ -29,24 +35,34 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import Engine, PrefillWork, VerifyWork
-from server.errors import APIError, EngineFailure, ServerFull
+from server.engine import Engine, PrefillWork, Slot, VerifyWork, Work, round_key
+from server.errors import APIError, InternalError, ServerFull
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
-from server.runtime import BatchEntry, DecodeError
 
 log = logging.getLogger(__name__)
 
+SWEEP_INTERVAL_S = 1.0
 
-@dataclass
+
+@dataclass(eq=False)
 class _Job:
     future: Future
     session_id: str | None  # the session it touches (None for a new prefill)
     request: Any = None
     owner: str = "anonymous"
     call: Callable[[], Any] | None = None  # engine work that needs no decode
-    work: PrefillWork | VerifyWork | None = None
+    work: Work | None = None
     queued_at: float = field(default_factory=time.perf_counter)
+
+
+class RoundAbandoned(ServerFull):
+    """The round's request went away before it reached the engine: nothing was done."""
+
+
+async def _result(future: Future) -> Any:
+    # Shielded: a caller that goes away must not cancel work other callers wait for.
+    return await asyncio.shield(asyncio.wrap_future(future))
 
 
 class BatchScheduler:
@@ -58,7 +74,10 @@ class BatchScheduler:
         max_queue: int,
         session_ttl_s: float,
         inline_rounds: bool = True,
+        start: bool = True,
     ):
+        """`start=False` runs no engine thread: the caller drives passes with `run_pass`
+        (tests that must not depend on how threads are scheduled)."""
         self.engine = engine
         self.inline_rounds = inline_rounds
         self.metrics = metrics
@@ -70,24 +89,57 @@ class BatchScheduler:
         self._last_sweep = time.monotonic()
         self._engine_lock = threading.Lock()  # held while the engine is in use
         self._arriving = 0  # verify calls deciding between inline and the queue
+        # The round in flight per (owner, session): its key and the future of its answer.
+        self._rounds: dict[tuple[str, str], tuple[tuple, Future]] = {}
+        self._rounds_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="batch-scheduler", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     # -- the API the routes use (any thread, any event loop) --------------------------
 
     async def prefill(self, request: PrefillRequest, owner: str = "anonymous") -> PrefillResponse:
-        return await self._submit(_Job(Future(), None, request=request, owner=owner))
+        job = _Job(Future(), None, request=request, owner=owner)
+        self._enqueue(job)
+        return await _result(job.future)
 
     async def verify(self, request: VerifyRequest, owner: str = "anonymous") -> VerifyResponse:
-        if self.inline_rounds:
-            response = await self._verify_inline(request, owner)
-            if response is not None:
-                return response
-        return await self._submit(_Job(Future(), request.session_id, request=request, owner=owner))
+        key, this_round = (owner, request.session_id), round_key(request)
+        while True:
+            with self._rounds_lock:
+                current = self._rounds.get(key)
+                if current is None:
+                    future: Future = Future()
+                    self._rounds[key] = (this_round, future)
+                    future.add_done_callback(lambda done: self._forget_round(key, done))
+                    break
+            in_flight_key, in_flight = current
+            if in_flight_key == this_round:
+                self.metrics.joined_rounds.inc()
+                return await _result(in_flight)  # the same round: its very answer
+            with contextlib.suppress(Exception):
+                await _result(in_flight)  # another round of this session: after it
+        try:
+            if self.inline_rounds:
+                response = await self._verify_inline(request, owner)
+                if response is not None:
+                    future.set_result(response)
+            if not future.done():
+                self._enqueue(_Job(future, request.session_id, request=request, owner=owner))
+        except BaseException as exc:
+            if not future.done():  # the callers waiting on this round learn what happened
+                if not isinstance(exc, Exception):
+                    exc = RoundAbandoned("the request went away before its round ran; resend")
+                future.set_exception(exc)
+            raise
+        return await _result(future)
 
     async def call(self, fn: Callable[[], Any], session_id: str | None = None) -> Any:
-        """Run engine work that needs no decode (delete, detokenize) on the engine thread."""
-        return await self._submit(_Job(Future(), session_id, call=fn))
+        """Run engine work that needs no decode (delete, detokenize) on the engine thread,
+        after any work queued before it for `session_id`."""
+        job = _Job(Future(), session_id, call=fn)
+        self._enqueue(job)
+        return await _result(job.future)
 
     @property
     def queue_depth(self) -> int:
@@ -97,9 +149,19 @@ class BatchScheduler:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
-    async def _submit(self, job: _Job) -> Any:
+    def run_pass(self, sweep: bool = False) -> None:
+        """One pass of the engine thread's loop, on the caller's thread."""
+        with self._wake:
+            jobs = list(self._queue)
+        with self._engine_lock:
+            self._pass(jobs)
+            if sweep:
+                self._sweep(force=True)
+
+    def _enqueue(self, job: _Job) -> None:
         with self._wake:
             if self._stopping:
                 raise ServerFull("the verifier is shutting down")
@@ -111,7 +173,11 @@ class BatchScheduler:
             self._queue.append(job)
             self.metrics.queue_depth.set(len(self._queue))
             self._wake.notify()
-        return await asyncio.wrap_future(job.future)
+
+    def _forget_round(self, key: tuple[str, str], future: Future) -> None:
+        with self._rounds_lock:
+            if self._rounds.get(key, (None, None))[1] is future:
+                del self._rounds[key]
 
     async def _verify_inline(self, request: VerifyRequest, owner: str) -> VerifyResponse | None:
         """The round decoded here and now, or None when it must take the queue: other
@@ -137,16 +203,13 @@ class BatchScheduler:
         work = self.engine.begin_verify(request, owner)
         if isinstance(work, VerifyResponse):  # a replay: answered without a decode
             return work
-        try:
-            logits, decode_s = self._timed_decode(1, work.entries)
-        except DecodeError as exc:
-            self.engine.abort_verify(work)
-            raise EngineFailure(f"decode failed: {exc}") from exc
-        except Exception:
-            self.engine.abort_verify(work)
-            raise
+        (outcome,) = self.engine.run_batch(
+            [Slot(work, work.remaining)], observe=self.metrics.observe_batch
+        )
+        if outcome.error is not None:
+            raise outcome.error
         self.metrics.inline_rounds.inc()
-        return self.engine.finish_verify(work, logits, decode_s * 1000.0)
+        return outcome.response
 
     # -- the engine thread ------------------------------------------------------------
 
@@ -154,27 +217,36 @@ class BatchScheduler:
         while True:
             with self._wake:
                 if not self._queue and not self._stopping:
-                    self._wake.wait(timeout=1.0)
+                    self._wake.wait(timeout=SWEEP_INTERVAL_S)
                 if self._stopping and not self._queue:
                     return
                 jobs = list(self._queue)
             with self._engine_lock:
-                if jobs:
-                    try:
-                        self._step(jobs)
-                    except Exception as exc:  # never let the loop die: fail what it held
-                        log.exception("scheduler step failed")
-                        for job in jobs:
-                            self._fail(job, EngineFailure(f"internal error: {exc}"))
+                self._pass(jobs)
                 self._sweep()
+
+    def _pass(self, jobs: list[_Job]) -> None:
+        if not jobs:
+            return
+        try:
+            self._step(jobs)
+        except Exception as exc:  # never let the loop die: undo and fail what it held
+            log.exception("scheduler step failed")
+            for job in jobs:
+                if job.work is not None:
+                    try:
+                        self.engine.abandon(job.work)
+                    except Exception:
+                        log.exception("could not undo a job")
+                self._fail(job, InternalError(f"{type(exc).__name__}: {exc}"))
 
     def _busy_sessions(self) -> set[str]:
         with self._wake:
             return {job.session_id for job in self._queue if job.session_id}
 
-    def _sweep(self) -> None:
+    def _sweep(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._last_sweep < 1.0:
+        if not force and now - self._last_sweep < SWEEP_INTERVAL_S:
             return
         self._last_sweep = now
         expired = self.engine.expire_idle(self.session_ttl_s, self._busy_sessions())
@@ -184,97 +256,80 @@ class BatchScheduler:
         self.metrics.active_sessions.set(self.engine.session_count)
 
     def _step(self, jobs: list[_Job]) -> None:
+        """Decide one batch from the queue, in arrival order, and run it."""
         budget = self.engine.runtime.n_batch
-        in_batch: list[tuple[_Job, list[BatchEntry]]] = []
+        slots: list[tuple[_Job, Slot]] = []
         seq_ids: set[int] = set()
+        touched: set[str] = set()  # sessions with work earlier in the queue
         for job in jobs:
             if job.call is not None:
-                self._finish(job, job.call)
+                if job.session_id not in touched:  # else: after that work, in a later pass
+                    self._settle(job, job.call)
                 continue
+            if job.session_id is not None:
+                touched.add(job.session_id)
             if budget == 0:
-                break
+                continue
             if job.work is None and not self._begin(job):
                 continue
-            session = job.work.session
-            if session.seq_id in seq_ids:
+            work = job.work
+            touched.add(work.session.session_id)
+            if work.session.seq_id in seq_ids:
                 continue  # one slice per session per batch: the next pass takes it
-            if isinstance(job.work, VerifyWork):
-                entries = job.work.entries
-                if len(entries) > budget:
-                    break  # a round is decoded whole; keep arrival order
-            else:
-                entries = self.engine.prefill_entries(job.work, budget)
-            in_batch.append((job, entries))
-            seq_ids.add(session.seq_id)
-            budget -= len(entries)
-        if in_batch:
-            self._decode(in_batch)
+            n_tokens = work.remaining
+            if isinstance(work, VerifyWork) and n_tokens > budget:
+                budget = 0  # a round is decoded whole; keep arrival order
+                continue
+            n_tokens = min(n_tokens, budget)
+            slots.append((job, Slot(work, n_tokens)))
+            seq_ids.add(work.session.seq_id)
+            budget -= n_tokens
+        if not slots:
+            return
+        outcomes = self.engine.run_batch(
+            [slot for _, slot in slots], observe=self.metrics.observe_batch
+        )
+        for (job, _), outcome in zip(slots, outcomes, strict=True):
+            if outcome.error is not None:
+                self._fail(job, outcome.error)
+            elif outcome.response is not None:
+                self._settle(job, lambda r=outcome.response: r)
 
     def _begin(self, job: _Job) -> bool:
         try:
             if isinstance(job.request, PrefillRequest):
-                job.work = self.engine.begin_prefill(job.request, self._busy_sessions(), job.owner)
-                job.session_id = job.work.session.session_id
-                return True
-            work = self.engine.begin_verify(job.request, job.owner)
-            if isinstance(work, VerifyResponse):  # a replay: answered without a decode
-                self._finish(job, lambda: work)
-                return False
+                evicted = self.engine.evicted_sessions
+                work: PrefillWork | VerifyWork | VerifyResponse = self.engine.begin_prefill(
+                    job.request, self._busy_sessions(), job.owner
+                )
+                self.metrics.evicted_sessions.inc(self.engine.evicted_sessions - evicted)
+                job.session_id = work.session.session_id
+            else:
+                work = self.engine.begin_verify(job.request, job.owner)
+                if isinstance(work, VerifyResponse):  # a replay: answered without a decode
+                    self._settle(job, lambda: work)
+                    return False
             job.work = work
             return True
         except Exception as exc:
             self._fail(job, exc)
             return False
 
-    def _decode(self, in_batch: list[tuple[_Job, list[BatchEntry]]]) -> None:
-        entries = [entry for _, slice_ in in_batch for entry in slice_]
-        try:
-            logits, decode_s = self._timed_decode(len(in_batch), entries)
-        except DecodeError as exc:
-            for job, _ in in_batch:
-                if isinstance(job.work, VerifyWork):
-                    self.engine.abort_verify(job.work)
-                else:
-                    self.engine.abort_prefill(job.work)
-                self._fail(job, EngineFailure(f"decode failed: {exc}"))
-            return
-        row = 0
-        for job, slice_ in in_batch:
-            if isinstance(job.work, VerifyWork):
-                n = len(slice_)
-                rows = logits[row : row + n]
-                row += n
-                self._finish(
-                    job,
-                    lambda w=job.work, r=rows: self.engine.finish_verify(w, r, decode_s * 1000.0),
-                )
-            else:
-                response = self.engine.advance_prefill(job.work, len(slice_))
-                if response is not None:
-                    self._finish(job, lambda r=response: r)
-
-    def _timed_decode(self, n_sessions: int, entries: list[BatchEntry]) -> tuple[Any, float]:
-        if not entries:
-            return None, 0.0
-        began = time.perf_counter()
-        logits = self.engine.runtime.decode(entries)
-        decode_s = time.perf_counter() - began
-        self.metrics.observe_batch(n_sessions, len(entries), decode_s)
-        return logits, decode_s
-
-    def _finish(self, job: _Job, produce: Callable[[], Any]) -> None:
+    def _settle(self, job: _Job, produce: Callable[[], Any]) -> None:
         try:
             result = produce()
         except Exception as exc:
             self._fail(job, exc)
             return
         self._remove(job)
-        job.future.set_result(result)
+        if not job.future.done():
+            job.future.set_result(result)
 
     def _fail(self, job: _Job, exc: Exception) -> None:
         self._remove(job)
         if not isinstance(exc, APIError):
-            log.exception("engine error", exc_info=exc)
+            log.error("engine error", exc_info=exc)
+            exc = InternalError(f"{type(exc).__name__}: {exc}")
         if not job.future.done():
             job.future.set_exception(exc)
 

@@ -38,8 +38,8 @@ def record_round(state: AppState, request: VerifyRequest, response: VerifyRespon
 class VerifierAPI(FastAPI):
     """The verifier's FastAPI app. Every HTTP request passes the request metrics, then the
     API-key guard; then POST /verify goes to `verify_lane` and the rest to Starlette's
-    stack and the routes (which would cost a round about 0.1 ms here, cold from a
-    decode)."""
+    stack and the routes (a measurable share of a round's protocol overhead, see the
+    README's Performance section)."""
 
     def __init__(self, *, keys: ApiKeys, max_body_bytes: int, **kwargs):
         super().__init__(**kwargs)

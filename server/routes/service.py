@@ -33,5 +33,4 @@ async def info(scheduler: SchedulerDep) -> InfoResponse:
 async def metrics(state: StateDep) -> Response:
     if state.engine is not None:
         state.metrics.active_sessions.set(state.engine.session_count)
-        state.metrics.evicted_sessions.set(state.engine.evicted_sessions)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

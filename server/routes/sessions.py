@@ -4,8 +4,7 @@ from fastapi import APIRouter, Request, Response, status
 
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.routes import model_json
-from server.state import SchedulerDep, StateDep, key_id
-from server.verify_lane import record_round, verify_round
+from server.state import SchedulerDep, key_id
 
 router = APIRouter(tags=["sessions"])
 
@@ -16,12 +15,13 @@ async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Reques
 
 
 @router.post("/verify", response_model=VerifyResponse)
-async def verify(request: VerifyRequest, state: StateDep, http: Request) -> Response:
-    """Served by `server.verify_lane` in the running app; this route documents the
-    endpoint and runs the very same round."""
-    response = await verify_round(state, request, key_id(http))
-    record_round(state, request, response)
-    return model_json(response)
+async def verify(request: VerifyRequest) -> Response:
+    """One speculative round: the pending token and the draft decoded together, the
+    longest agreeing prefix accepted, plus one token of the verifier's.
+
+    DOCUMENTATION ONLY: `server.verify_lane.VerifierAPI` takes POST /verify off before
+    routing, so this function never runs; it gives the endpoint its OpenAPI entry."""
+    raise RuntimeError("POST /verify is served by server.verify_lane, not by this route")
 
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)

@@ -50,3 +50,35 @@ def test_json_renderer_prints_one_object(capsys):
     assert out["text"] == "hé"
     assert out["tokens"] == [1, 2, 3]
     assert set(out["stats"]) == set(STATS_KEYS)
+
+
+def test_the_stats_say_when_greedy_is_not_exact_on_this_verifier():
+    import io
+
+    from rich.console import Console
+
+    from drafter.output import TextRenderer
+
+    def render(lossless: bool, strategy: str = "greedy") -> str:
+        out = io.StringIO()
+        renderer = TextRenderer(console=Console(file=out, width=200))
+        renderer.start(PIECES.__getitem__)
+        renderer.round(
+            RoundEvent(draft_tokens=[1], accepted_prefix_len=1, tokens=[1, 4], eos=False)
+        )
+        result = SpeculativeResult(
+            tokens=[1, 4],
+            finish_reason="max_tokens",
+            strategy=strategy,
+            lossless=lossless,
+            stats=GenerationStats(generated_tokens=2, rounds=1, total_time_s=1.0),
+        )
+        baseline = BaselineResult(tokens=[1, 4], total_time_s=1.0, server_tokens_per_s=2.0)
+        renderer.finish(result, baseline)
+        return out.getvalue()
+
+    assert "batch-invariant" not in render(lossless=True)
+    text = render(lossless=False)
+    assert "NOT exact: the verifier is not batch-invariant" in text
+    assert "yes (not guaranteed: the verifier is not batch-invariant)" in text
+    assert "LOSSY" in render(lossless=False, strategy="threshold")

@@ -1,0 +1,106 @@
+"""Is this build, on this device, batch-invariant? Checked at startup, where the server runs.
+
+Greedy speculative decoding is token for token the verifier's own output only if a row's
+logits do not depend on what else is in its `llama_decode` batch: a verify round decodes
+k+1 tokens at once, beside other sessions' rounds, where the verifier alone decodes one.
+llama.cpp's CPU kernels with flash attention are (DESIGN.md, Numerics); GPU kernels that
+pick another algorithm for another batch size need not be. So the engine decodes one short
+probe three ways and compares the logits bit for bit:
+
+1. one token at a time (how `/generate` would see it with nobody else around);
+2. the probe's tokens as one batch (a verify round);
+3. the same batch beside another sequence's tokens (a round sharing its batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from server.runtime import BatchEntry
+
+PROBE_TEXT = (
+    "Speculative decoding checks a whole draft in one pass, so the numbers must not "
+    "depend on the batch: 3, 5, 8, 13, 21."
+)
+PROBE_ROUND = 9  # tokens compared: a round of k = 8
+PROBE_NEIGHBOUR = 5  # the other sequence's tokens in the shared batch
+
+
+class ProbeRuntime(Protocol):
+    n_batch: int
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+
+    def decode(self, entries: list[BatchEntry]) -> np.ndarray: ...
+
+    def clear(self, seq_id: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    batch_invariant: bool
+    max_abs_diff: float  # the largest logit difference between any two ways
+    argmax_agrees: bool  # the greedy choice at every probed position, all ways
+    positions: int
+
+
+def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
+    """Bit-for-bit comparison of logits rows from several ways of batching (pure)."""
+    diff = 0.0
+    argmax_agrees = True
+    for rows in others:
+        if rows.shape != reference.shape:
+            raise ValueError(f"probe rows {rows.shape} against {reference.shape}")
+        diff = max(diff, float(np.max(np.abs(rows.astype(np.float64) - reference))))
+        argmax_agrees &= bool(np.array_equal(rows.argmax(axis=1), reference.argmax(axis=1)))
+    return InvarianceReport(
+        batch_invariant=diff == 0.0,
+        max_abs_diff=diff,
+        argmax_agrees=argmax_agrees,
+        positions=reference.shape[0],
+    )
+
+
+def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceReport:
+    """Decode the probe three ways on empty sequences `seq_a` and `seq_b` (None: only one
+    sequence exists, the third way is skipped) and compare. Leaves both empty."""
+    # Each way's batches fit n_batch (at least 16 here): nothing is split into ubatches.
+    ids = runtime.tokenize(PROBE_TEXT, add_special=True)[: runtime.n_batch]
+    n_round = min(PROBE_ROUND, len(ids) - 1)
+    context, probed = ids[:-n_round], ids[-n_round:]
+
+    def fill(seq_id: int, tokens: list[int]) -> None:
+        runtime.clear(seq_id)
+        runtime.decode([BatchEntry(t, i, seq_id, False) for i, t in enumerate(tokens)])
+
+    def round_entries(seq_id: int, tokens: list[int], start: int) -> list[BatchEntry]:
+        return [BatchEntry(t, start + i, seq_id, True) for i, t in enumerate(tokens)]
+
+    try:
+        fill(seq_a, context)
+        one_at_a_time = np.concatenate(
+            [runtime.decode([entry]) for entry in round_entries(seq_a, probed, len(context))]
+        )
+        fill(seq_a, context)
+        ways = [runtime.decode(round_entries(seq_a, probed, len(context)))]
+        if seq_b is not None:
+            fill(seq_a, context)
+            neighbour = ids[: len(context) // 2 + 1]
+            fill(seq_b, neighbour)
+            extra = ids[len(neighbour) : len(neighbour) + PROBE_NEIGHBOUR]
+            rows = runtime.decode(
+                [
+                    *round_entries(seq_b, extra[:2], len(neighbour)),
+                    *round_entries(seq_a, probed, len(context)),
+                    *round_entries(seq_b, extra[2:], len(neighbour) + 2),
+                ]
+            )
+            ways.append(rows[2 : 2 + n_round])
+    finally:
+        runtime.clear(seq_a)
+        if seq_b is not None:
+            runtime.clear(seq_b)
+    return compare(one_at_a_time, ways)

@@ -1,0 +1,509 @@
+"""Races and failures of the verifier core, reproduced deterministically on a fake runtime.
+
+No engine thread runs: the scheduler is built with `start=False` and each test drives
+its passes by hand, so what shares a batch, and in what order jobs arrive, is decided by
+the test, never by how threads happen to be scheduled. After every provoked failure:
+every other session decodes exactly as before, the failing session is unchanged or
+cleanly gone, and no seq id is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from server.engine import Engine, Slot
+from server.errors import (
+    DecodeFailed,
+    InternalError,
+    InvalidDraftProbs,
+    NPastMismatch,
+    ServerFull,
+    SessionBusy,
+    SessionNotFound,
+)
+from server.metrics import VerifierMetrics
+from server.protocol import PrefillRequest, SamplingParams, VerifyRequest
+from server.scheduler import BatchScheduler
+from tests.fixtures.fake_runtime import FakeRuntime
+
+MAX_DRAFT = 8
+
+
+def build(
+    *, max_sessions: int = 4, n_batch: int = 64, inline: bool = False, ttl_s: float = 600.0
+) -> tuple[FakeRuntime, Engine, BatchScheduler]:
+    runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=n_batch)
+    engine = Engine(runtime, max_draft=MAX_DRAFT)
+    scheduler = BatchScheduler(
+        engine,
+        VerifierMetrics(max_sessions, MAX_DRAFT),
+        max_queue=64,
+        session_ttl_s=ttl_s,
+        inline_rounds=inline,
+        start=False,
+    )
+    return runtime, engine, scheduler
+
+
+async def drive(scheduler: BatchScheduler, *calls) -> list:
+    """Start `calls` in order, run engine passes until all are answered; each result or
+    the exception it raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    for _ in range(200):
+        for _ in range(5):  # answers cross from the futures to the tasks in a few steps
+            await asyncio.sleep(0)
+        if all(task.done() for task in tasks):
+            break
+        scheduler.run_pass()
+    else:
+        raise AssertionError("calls still pending after 200 passes")
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def open_session(scheduler: BatchScheduler, prompt: str, **request) -> dict:
+    (response,) = await drive(
+        scheduler, scheduler.prefill(PrefillRequest(prompt=prompt, **request))
+    )
+    assert not isinstance(response, Exception), response
+    return {"id": response.session_id, "ids": response.prompt_ids, "n_past": response.total_tokens}
+
+
+def verify_request(session: dict, draft: list[int], n_past: int | None = None) -> VerifyRequest:
+    n_past = session["n_past"] if n_past is None else n_past
+    return VerifyRequest(session_id=session["id"], n_past=n_past, draft_tokens=draft)
+
+
+async def continue_alone(scheduler: BatchScheduler, session: dict, n_tokens: int) -> list[int]:
+    """The session's next tokens by plain decoding steps (empty drafts)."""
+    out: list[int] = []
+    while len(out) < n_tokens:
+        (step,) = await drive(scheduler, scheduler.verify(verify_request(session, [])))
+        assert not isinstance(step, Exception), step
+        out += step.tokens
+        session["n_past"] = step.total_tokens
+    return out[:n_tokens]
+
+
+def assert_consistent(runtime: FakeRuntime, engine: Engine) -> None:
+    """No seq id lost or doubled; each live session's cells are exactly its committed
+    tokens but the pending one; every other sequence is empty."""
+    engine.check_invariants()
+    live = {}
+    for session_id in list(engine.sessions._live):
+        session = engine.sessions.find(session_id)
+        live[session.seq_id] = session
+        assert runtime.cells[session.seq_id] == session.tokens[:-1], session_id
+        assert session.work is None
+    for seq_id, cells in runtime.cells.items():
+        if seq_id not in live and seq_id not in engine.sessions._reserved:
+            assert cells == [], f"seq {seq_id} holds cells no session owns"
+
+
+# -- one round per session at a time --------------------------------------------------
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_identical_rounds_sent_at_once_get_one_decode_and_one_answer(inline):
+    runtime, engine, scheduler = build(inline=inline)
+
+    async def scenario():
+        session = await open_session(scheduler, "hello there")
+        expected = runtime.reference_greedy(session["ids"], 12)
+        draft = expected[:3]
+        before = runtime.decoded_tokens_total
+        answers = await drive(
+            scheduler, *[scheduler.verify(verify_request(session, draft)) for _ in range(3)]
+        )
+        assert not any(isinstance(a, Exception) for a in answers), answers
+        assert answers[0] == answers[1] == answers[2]
+        assert answers[0].tokens == expected[:4]
+        assert runtime.decoded_tokens_total - before == len(draft) + 1  # decoded once
+        session["n_past"] = answers[0].total_tokens
+        assert expected[:4] + await continue_alone(scheduler, session, 8) == expected
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_duplicates_queued_in_one_pass_join_the_first():
+    runtime, engine, scheduler = build()
+    metrics = scheduler.metrics
+
+    async def scenario():
+        a = await open_session(scheduler, "first session")
+        b = await open_session(scheduler, "second session")
+        expected_a = runtime.reference_greedy(a["ids"], 6)
+        expected_b = runtime.reference_greedy(b["ids"], 6)
+        calls = [
+            scheduler.verify(verify_request(a, expected_a[:2])),
+            scheduler.verify(verify_request(b, [3, 4])),
+            scheduler.verify(verify_request(a, expected_a[:2])),
+            scheduler.verify(verify_request(a, expected_a[:2])),
+        ]
+        answers = await drive(scheduler, *calls)
+        assert answers[0] == answers[2] == answers[3]
+        assert answers[0].tokens == expected_a[:3]
+        assert answers[1].tokens[0] == expected_b[0]
+        assert metrics.registry.get_sample_value("verifier_joined_rounds_total") == 2
+        assert scheduler.queue_depth == 0
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_a_different_round_in_flight_waits_then_gets_409():
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        session = await open_session(scheduler, "a prompt")
+        first, second = await drive(
+            scheduler,
+            scheduler.verify(verify_request(session, [5, 6])),
+            scheduler.verify(verify_request(session, [7])),
+        )
+        assert not isinstance(first, Exception)
+        assert isinstance(second, NPastMismatch)
+        assert second.headers == {"X-Total-Tokens": str(first.total_tokens)}
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_the_engine_never_holds_two_rounds_of_one_session():
+    runtime, engine, _ = build()
+    prefill = engine.begin_prefill(PrefillRequest(prompt="abc"))
+    engine.run_batch([Slot(prefill, prefill.remaining)])
+    session = prefill.session
+    request = VerifyRequest(session_id=session.session_id, n_past=len(session.tokens))
+    work = engine.begin_verify(request)
+    with pytest.raises(SessionBusy):
+        engine.begin_verify(request.model_copy(update={"draft_tokens": [9]}))
+    (outcome,) = engine.run_batch([Slot(work, work.remaining)])
+    assert engine.begin_verify(request) is outcome.response  # a replay: the recorded answer
+    assert_consistent(runtime, engine)
+
+
+def test_a_caller_that_goes_away_does_not_cancel_its_round():
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        session = await open_session(scheduler, "patience")
+        request = verify_request(session, [])
+        gone = asyncio.ensure_future(scheduler.verify(request))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        assert scheduler.queue_depth == 1  # the round still runs
+        (retry,) = await drive(scheduler, scheduler.verify(request))
+        assert retry.tokens == runtime.reference_greedy(session["ids"], 1)
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+# -- the session table does not move under a round ------------------------------------
+
+
+def test_a_delete_queued_behind_a_round_waits_for_it_and_frees_nothing_early():
+    runtime, engine, scheduler = build(max_sessions=2)
+
+    async def scenario():
+        s = await open_session(scheduler, "session s")
+        t = await open_session(scheduler, "session t")
+        expected_s = runtime.reference_greedy(s["ids"], 3)
+        s_seq = engine.session(s["id"]).seq_id
+        answers = await drive(
+            scheduler,
+            scheduler.verify(verify_request(s, expected_s[:2])),
+            scheduler.call(lambda: engine.delete_session(s["id"]), s["id"]),
+            scheduler.prefill(PrefillRequest(prompt="a newcomer")),
+        )
+        round_s, deleted, newcomer = answers
+        assert round_s.tokens == expected_s[:3]
+        assert deleted is None
+        # The newcomer did not get the sequence of the round that was in the batch.
+        assert engine.session(newcomer.session_id).seq_id != s_seq
+        with pytest.raises(SessionNotFound):
+            engine.session(t["id"])  # the idle one was evicted instead
+        with pytest.raises(SessionNotFound):
+            engine.session(s["id"])
+        fresh = {"id": newcomer.session_id, "n_past": newcomer.total_tokens}
+        expected = runtime.reference_greedy(newcomer.prompt_ids, 5)
+        assert await continue_alone(scheduler, fresh, 5) == expected
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_expiry_and_eviction_never_take_a_session_with_a_round():
+    runtime, engine, _scheduler = build(max_sessions=2)
+    works = []
+    for prompt in ("busy one", "idle one"):
+        prefill = engine.begin_prefill(PrefillRequest(prompt=prompt))
+        engine.run_batch([Slot(prefill, prefill.remaining)])
+        works.append(prefill.session)
+    busy, idle = works
+    work = engine.begin_verify(VerifyRequest(session_id=busy.session_id, n_past=len(busy.tokens)))
+    assert engine.expire_idle(0.0) == [idle.session_id]  # expired: only the idle one
+    engine.begin_prefill(PrefillRequest(prompt="takes the free one"))
+    with pytest.raises(ServerFull):  # nothing idle left to evict
+        engine.begin_prefill(PrefillRequest(prompt="one too many"))
+    with pytest.raises(SessionBusy):
+        engine.delete_session(busy.session_id)
+    (outcome,) = engine.run_batch([Slot(work, work.remaining)])
+    expected = runtime.reference_greedy(busy.tokens[: busy.prompt_len], 1)
+    assert outcome.response.tokens == expected
+    engine.check_invariants()
+
+
+def test_the_sweep_keeps_sessions_with_work_queued():
+    runtime, engine, scheduler = build(ttl_s=0.0)
+
+    async def scenario():
+        waiting = await open_session(scheduler, "queued")
+        await open_session(scheduler, "not queued")
+        task = asyncio.ensure_future(scheduler.verify(verify_request(waiting, [])))
+        await asyncio.sleep(0)
+        scheduler._sweep(force=True)  # runs between passes, with the round still queued
+        assert engine.session_count == 1
+        (answer,) = await drive(scheduler, task)
+        assert answer.tokens == runtime.reference_greedy(waiting["ids"], 1)
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+# -- failures undo exactly their own job ----------------------------------------------
+
+
+def test_a_decode_failing_for_one_job_of_four_fails_only_that_job():
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        sessions = [await open_session(scheduler, f"prompt number {i}") for i in range(4)]
+        expected = [runtime.reference_greedy(s["ids"], 10) for s in sessions]
+        bad_seq = engine.session(sessions[2]["id"]).seq_id
+        runtime.fail_decode = lambda entries: any(e.seq_id == bad_seq for e in entries)
+        answers = await drive(
+            scheduler,
+            *[
+                scheduler.verify(verify_request(s, e[:3]))
+                for s, e in zip(sessions, expected, strict=False)
+            ],
+        )
+        runtime.fail_decode = None
+        assert isinstance(answers[2], DecodeFailed)
+        assert answers[2].status_code == 500
+        for i in (0, 1, 3):
+            assert answers[i].tokens == expected[i][:4]
+            sessions[i]["n_past"] = answers[i].total_tokens
+        assert_consistent(runtime, engine)
+        # The failed session is exactly as before its round; the others go on unchanged.
+        assert await continue_alone(scheduler, sessions[2], 10) == expected[2]
+        for i in (0, 1, 3):
+            assert expected[i][:4] + await continue_alone(scheduler, sessions[i], 6) == expected[i]
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "match"])
+def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strategy):
+    runtime, engine, scheduler = build()
+    sampling = {} if strategy == "greedy" else {"sampling": SamplingParams(temperature=0.8, seed=7)}
+    real_judge = engine._judge
+    broken = {}
+
+    def judge(session, work, logits, target_tokens):
+        verdict = real_judge(session, work, logits, target_tokens)  # consumes the stream too
+        if session.session_id == broken.get("id"):
+            broken.pop("id")
+            raise RuntimeError("a bug after the decode")
+        return verdict
+
+    monkeypatch.setattr(engine, "_judge", judge)
+
+    async def scenario():
+        victim = await open_session(scheduler, "victim", strategy=strategy, **sampling)
+        bystander = await open_session(scheduler, "bystander")
+        twin = await open_session(scheduler, "victim", strategy=strategy, **sampling)
+        broken["id"] = victim["id"]
+        failed, ok = await drive(
+            scheduler,
+            scheduler.verify(verify_request(victim, [4, 5])),
+            scheduler.verify(verify_request(bystander, [])),
+        )
+        assert isinstance(failed, InternalError) and failed.status_code == 500
+        assert ok.tokens == runtime.reference_greedy(bystander["ids"], 1)
+        assert_consistent(runtime, engine)
+        # Cells, tokens and random stream as before: the victim now answers exactly as
+        # its twin, which never failed.
+        assert await continue_alone(scheduler, victim, 8) == await continue_alone(
+            scheduler, twin, 8
+        )
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_its_batch_mates():
+    runtime, engine, scheduler = build(n_batch=16)
+
+    async def scenario():
+        session = await open_session(scheduler, "short")
+        expected = runtime.reference_greedy(session["ids"], 6)
+        count = engine.session_count
+        seq_of = {}
+
+        def second_chunk_of_the_long_prompt(entries):
+            return any(e.seq_id == seq_of.get("long") and e.pos >= 16 for e in entries)
+
+        runtime.fail_decode = second_chunk_of_the_long_prompt
+        # 24 tokens to evaluate: a chunk of 16, then 8 that share a batch with the round.
+        long_prompt = scheduler.prefill(PrefillRequest(prompt="x" * 24))
+        task = asyncio.ensure_future(long_prompt)
+        await asyncio.sleep(0)
+        scheduler.run_pass()  # the first chunk goes in
+        seq_of["long"] = next(iter(engine.sessions._reserved))
+        failed, answer = await drive(
+            scheduler, task, scheduler.verify(verify_request(session, expected[:2]))
+        )
+        runtime.fail_decode = None
+        assert isinstance(failed, DecodeFailed)
+        assert answer.tokens == expected[:3]
+        assert engine.session_count == count
+        assert runtime.cells[seq_of["long"]] == []
+        session["n_past"] = answer.total_tokens
+        assert expected[:3] + await continue_alone(scheduler, session, 3) == expected
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_a_failing_scheduler_step_undoes_what_it_had_begun(monkeypatch):
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        session = await open_session(scheduler, "steady")
+        expected = runtime.reference_greedy(session["ids"], 5)
+        monkeypatch.setattr(engine, "run_batch", _raise)
+        (failed,) = await drive(scheduler, scheduler.verify(verify_request(session, [1])))
+        monkeypatch.undo()
+        assert isinstance(failed, InternalError)
+        assert_consistent(runtime, engine)
+        assert await continue_alone(scheduler, session, 5) == expected
+
+    run(scenario())
+
+
+def _raise(*args, **kwargs):
+    raise RuntimeError("a bug in a pass")
+
+
+# -- request consistency --------------------------------------------------------------
+
+
+def test_draft_probs_must_match_the_draft_whatever_the_strategy():
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        session = await open_session(scheduler, "greedy one")
+        twin = await open_session(scheduler, "greedy one")
+        request = verify_request(session, [5, 6])
+        bad = [
+            [[(5, 1.0)], [(6, 1.0)], [(7, 1.0)]],  # more rows than tokens
+            [[(5, 1.0)]],  # fewer
+            [[(5, 0.5)], [(6, 1.0)]],  # not a distribution
+            [[(4, 1.0)], [(6, 1.0)]],  # no mass on the draft token
+        ]
+        for probs in bad:
+            (answer,) = await drive(
+                scheduler, scheduler.verify(request.model_copy(update={"draft_probs": probs}))
+            )
+            assert isinstance(answer, InvalidDraftProbs), probs
+        assert_consistent(runtime, engine)
+        good = request.model_copy(update={"draft_probs": [[(5, 0.7), (9, 0.3)], [(6, 1.0)]]})
+        with_probs, without = await drive(
+            scheduler, scheduler.verify(good), scheduler.verify(verify_request(twin, [5, 6]))
+        )
+        # A greedy session ignores well-formed probabilities.
+        assert with_probs.model_dump(exclude={"timings"}) == without.model_dump(exclude={"timings"})
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+# -- inline rounds ----------------------------------------------------------------------
+
+
+def test_a_lone_round_decoded_inline_equals_a_queued_one():
+    answers = {}
+    for inline in (True, False):
+        runtime, engine, scheduler = build(inline=inline)
+
+        async def scenario(scheduler=scheduler):
+            session = await open_session(scheduler, "same either way")
+            out = []
+            for draft in ([], [1, 2, 3], [28, 6], []):
+                (answer,) = await drive(scheduler, scheduler.verify(verify_request(session, draft)))
+                session["n_past"] = answer.total_tokens
+                out.append(answer.model_dump(exclude={"timings"}))
+            return out
+
+        answers[inline] = run(scenario())
+        inline_rounds = scheduler.metrics.registry.get_sample_value("verifier_inline_rounds_total")
+        assert inline_rounds == (4 if inline else 0)  # no engine thread to contend with
+        assert_consistent(runtime, engine)
+    assert answers[True] == answers[False]
+
+
+# -- batch invariance ------------------------------------------------------------------
+
+
+def test_the_probe_finds_a_batch_invariant_runtime_invariant():
+    engine = Engine(FakeRuntime(), max_draft=MAX_DRAFT)
+    assert engine.invariance.batch_invariant
+    assert engine.invariance.max_abs_diff == 0.0
+    assert engine.info().batch_invariant and engine.info().strategies["greedy"]
+    engine.check_invariants()
+
+
+def test_the_probe_decides_lossless_when_logits_depend_on_the_batch():
+    runtime = FakeRuntime(batch_noise=1e-3)
+    engine = Engine(runtime, max_draft=MAX_DRAFT)
+    assert not engine.invariance.batch_invariant
+    assert engine.invariance.max_abs_diff == pytest.approx(1e-3 * 13, rel=0.2)
+    info = engine.info()
+    assert info.batch_invariant is False and info.batch_max_diff > 0
+    assert info.strategies["greedy"] is False and info.strategies["rejection"] is True
+    prefill = engine.begin_prefill(PrefillRequest(prompt="abc"))
+    (outcome,) = engine.run_batch([Slot(prefill, prefill.remaining)])
+    assert outcome.response.lossless is False
+    engine.check_invariants()
+
+
+def test_the_probe_leaves_its_sequences_empty():
+    runtime = FakeRuntime()
+    Engine(runtime, max_draft=MAX_DRAFT)
+    assert all(cells == [] for cells in runtime.cells.values())
+    assert len(runtime.decodes) > 3  # it did decode, several ways
+
+
+def test_compare_reports_the_largest_difference():
+    from server.invariance import compare
+
+    reference = np.zeros((3, 4), dtype=np.float32)
+    same = reference.copy()
+    shifted = reference.copy()
+    shifted[1, 2] = 0.25
+    assert compare(reference, [same]).batch_invariant
+    report = compare(reference, [same, shifted])
+    assert not report.batch_invariant and report.max_abs_diff == 0.25
+    assert not report.argmax_agrees
