@@ -118,7 +118,7 @@ class Outcome:
 def round_key(request: VerifyRequest) -> tuple:
     """What makes two /verify requests the same round."""
     probs = None
-    if request.draft_probs is not None:
+    if request.draft_probs:  # an empty list says what no list says
         probs = tuple(tuple(map(tuple, row)) for row in request.draft_probs)
     return (request.n_past, tuple(request.draft_tokens), probs)
 
@@ -285,7 +285,10 @@ class Engine:
                 return [outcome for slot in slots for outcome in self.run_batch([slot], observe)]
             return [self._fail(slots[0].work, exc)]
         if entries and observe is not None:
-            observe(len(slots), len(entries), decode_s)
+            try:
+                observe(len(slots), len(entries), decode_s)
+            except Exception:  # metrics never cost a round its answer
+                log.exception("could not record a decode")
         outcomes, row = [], 0
         for slot in slots:
             try:

@@ -98,6 +98,17 @@ class InternalError(APIError):
     error_type = "internal_error"
 
 
+class EngineInterrupted(APIError):
+    """The engine's pass broke before this job was done; the job was undone, so sending it
+    again is safe (a round already answered is replayed)."""
+
+    status_code = 503
+    error_type = "engine_interrupted"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
 def error_body(status_code: int, error_type: str, message: str) -> dict:
     return {"error": {"code": status_code, "type": error_type, "message": message}}
 

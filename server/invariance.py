@@ -31,6 +31,7 @@ PROBE_NEIGHBOUR = 5  # the other sequence's tokens in the shared batch
 
 class ProbeRuntime(Protocol):
     n_batch: int
+    n_ctx_per_seq: int
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
 
@@ -67,8 +68,10 @@ def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport
 def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceReport:
     """Decode the probe three ways on empty sequences `seq_a` and `seq_b` (None: only one
     sequence exists, the third way is skipped) and compare. Leaves both empty."""
-    # Each way's batches fit n_batch (at least 16 here): nothing is split into ubatches.
-    ids = runtime.tokenize(PROBE_TEXT, add_special=True)[: runtime.n_batch]
+    # Every batch fits n_batch (nothing is split into ubatches) and every sequence its
+    # context, however small the server is configured.
+    limit = min(runtime.n_batch, runtime.n_ctx_per_seq)
+    ids = runtime.tokenize(PROBE_TEXT, add_special=True)[:limit]
     n_round = min(PROBE_ROUND, len(ids) - 1)
     context, probed = ids[:-n_round], ids[-n_round:]
 

@@ -73,8 +73,7 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         finally:
             await loading
             if state.scheduler is not None:
-                await asyncio.to_thread(state.scheduler.stop)
-                state.engine.close()
+                await asyncio.to_thread(state.scheduler.close)
 
     app = VerifierAPI(
         keys=ApiKeys.from_settings(settings.api_keys, settings.api_key_file),

@@ -7,6 +7,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from server.paths import route_path
+
 
 class VerifierMetrics:
     def __init__(self, max_sessions: int = 8, max_draft: int = 16) -> None:
@@ -145,7 +147,7 @@ class RequestMetricsMiddleware:
         metrics: VerifierMetrics | None = getattr(getattr(state, "verifier", None), "metrics", None)
         if scope["type"] != "http" or metrics is None:
             return await self.app(scope, receive, send)
-        path = scope["path"]
+        path = route_path(scope)
         model_work = path in MODEL_PATHS or path.startswith("/sessions/")
         status = 500  # what the client sees if the app fails before answering
 

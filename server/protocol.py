@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -115,6 +115,9 @@ class VerifyResponse(ResponseModel):
     strategy: Strategy
     lossless: bool
     timings: RoundTimings
+    # Not on the wire: set once the round is in the metrics. A duplicate or a replay gets
+    # this very object back, so a round is counted once however often it is answered.
+    _counted: bool = PrivateAttr(default=False)
 
 
 class GenerateRequest(PromptInput):

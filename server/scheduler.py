@@ -35,8 +35,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import Engine, PrefillWork, Slot, VerifyWork, Work, round_key
-from server.errors import APIError, InternalError, ServerFull
+from server.engine import Engine, Slot, VerifyWork, Work, round_key
+from server.errors import APIError, EngineInterrupted, InternalError, ServerFull
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 
@@ -93,6 +93,7 @@ class BatchScheduler:
         self._rounds: dict[tuple[str, str], tuple[tuple, Future]] = {}
         self._rounds_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="batch-scheduler", daemon=True)
+        self._threaded = start
         if start:
             self._thread.start()
 
@@ -145,12 +146,29 @@ class BatchScheduler:
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Refuse new work, let the engine thread finish what is queued, then fail (undone)
+        whatever is still queued: nobody is left waiting."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive():
+                log.error("the engine thread did not finish its work in %.0f s", timeout_s)
+        with self._engine_lock:  # waits out a decode still running
+            with self._wake:
+                left = list(self._queue)
+            for job in left:
+                if job.work is not None:
+                    self.engine.abandon(job.work)
+                self._fail(job, ServerFull("the verifier is shutting down"))
+
+    def close(self) -> None:
+        """Stop, then free the engine: never while a decode is using it."""
+        self.stop()
+        with self._engine_lock:
+            self.engine.close()
 
     def run_pass(self, sweep: bool = False) -> None:
         """One pass of the engine thread's loop, on the caller's thread."""
@@ -165,6 +183,10 @@ class BatchScheduler:
         with self._wake:
             if self._stopping:
                 raise ServerFull("the verifier is shutting down")
+            if self._threaded and not self._thread.is_alive():
+                raise EngineInterrupted(
+                    "the engine thread has stopped; the verifier needs a restart"
+                )
             if len(self._queue) >= self.max_queue:
                 self.metrics.rejected_full.inc()
                 raise ServerFull(
@@ -203,9 +225,13 @@ class BatchScheduler:
         work = self.engine.begin_verify(request, owner)
         if isinstance(work, VerifyResponse):  # a replay: answered without a decode
             return work
-        (outcome,) = self.engine.run_batch(
-            [Slot(work, work.remaining)], observe=self.metrics.observe_batch
-        )
+        try:
+            (outcome,) = self.engine.run_batch(
+                [Slot(work, work.remaining)], observe=self.metrics.observe_batch
+            )
+        except BaseException:
+            self.engine.abandon(work)  # run_batch undoes its own failures; this is a bug's
+            raise
         if outcome.error is not None:
             raise outcome.error
         self.metrics.inline_rounds.inc()
@@ -223,7 +249,10 @@ class BatchScheduler:
                 jobs = list(self._queue)
             with self._engine_lock:
                 self._pass(jobs)
-                self._sweep()
+                try:
+                    self._sweep()
+                except Exception:  # the thread must outlive any bug: requests wait on it
+                    log.exception("the idle sweep failed")
 
     def _pass(self, jobs: list[_Job]) -> None:
         if not jobs:
@@ -238,7 +267,8 @@ class BatchScheduler:
                         self.engine.abandon(job.work)
                     except Exception:
                         log.exception("could not undo a job")
-                self._fail(job, InternalError(f"{type(exc).__name__}: {exc}"))
+                # Undone, or never begun: sending it again is safe.
+                self._fail(job, EngineInterrupted(f"the engine's pass failed ({exc}); retry"))
 
     def _busy_sessions(self) -> set[str]:
         with self._wake:
@@ -299,16 +329,14 @@ class BatchScheduler:
         try:
             if isinstance(job.request, PrefillRequest):
                 evicted = self.engine.evicted_sessions
-                work: PrefillWork | VerifyWork | VerifyResponse = self.engine.begin_prefill(
-                    job.request, self._busy_sessions(), job.owner
-                )
+                job.work = self.engine.begin_prefill(job.request, self._busy_sessions(), job.owner)
+                job.session_id = job.work.session.session_id
                 self.metrics.evicted_sessions.inc(self.engine.evicted_sessions - evicted)
-                job.session_id = work.session.session_id
-            else:
-                work = self.engine.begin_verify(job.request, job.owner)
-                if isinstance(work, VerifyResponse):  # a replay: answered without a decode
-                    self._settle(job, lambda: work)
-                    return False
+                return True
+            work = self.engine.begin_verify(job.request, job.owner)
+            if isinstance(work, VerifyResponse):  # a replay: answered without a decode
+                self._settle(job, lambda: work)
+                return False
             job.work = work
             return True
         except Exception as exc:

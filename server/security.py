@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from server.errors import send_error
+from server.paths import route_path
 
 OPEN_PATHS = frozenset({"/health"})
 ANONYMOUS = "anonymous"
@@ -80,7 +81,7 @@ class GuardMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
+        path = route_path(scope)
         if path in OPEN_PATHS:
             key_id = ANONYMOUS
         else:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from server.errors import APIError, describe_validation, send_error, send_json
 from server.metrics import RequestMetricsMiddleware
+from server.paths import route_path
 from server.protocol import VerifyRequest, VerifyResponse
 from server.security import ApiKeys, GuardMiddleware
 from server.state import AppState, scheduler_of
@@ -32,6 +33,9 @@ async def verify_round(state: AppState, request: VerifyRequest, owner: str) -> V
 
 
 def record_round(state: AppState, request: VerifyRequest, response: VerifyResponse) -> None:
+    if response._counted:  # a duplicate's or a replay's answer: counted with its round
+        return
+    response._counted = True
     state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
 
 
@@ -54,7 +58,7 @@ class VerifierAPI(FastAPI):
         return await self._front(scope, receive, send)
 
     async def _dispatch(self, scope, receive, send):
-        if scope["path"] == PATH and scope["method"] == "POST":
+        if route_path(scope) == PATH and scope["method"] == "POST":
             return await verify_lane(scope, receive, send)
         return await super().__call__(scope, receive, send)
 

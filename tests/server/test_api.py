@@ -395,3 +395,20 @@ def test_an_unexpected_failure_in_the_lane_is_a_500_error_body(client, monkeypat
     error = assert_error(response, 500, "internal_error")
     assert "RuntimeError: a bug" in error["message"]
     assert client.get("/health").status_code == 200
+
+
+def test_behind_a_root_path_the_lane_serves_verify_and_counts_once(client):
+    """`uvicorn --root-path /api` (or a proxy's prefix): the lane still takes POST /verify,
+    and a duplicate's answer is counted with its round, not again."""
+    from fastapi.testclient import TestClient
+
+    prefixed = TestClient(client.app, root_path="/api")  # the app is already running
+    session = prefixed.post("/api/prefill", json={"prompt": PROMPT}).json()
+    body = {"session_id": session["session_id"], "n_past": session["total_tokens"]}
+    body["draft_tokens"] = [1, 2]
+    drafted = metric_value(client, "verifier_drafted_tokens_total")
+    first = prefixed.post("/api/verify", json=body)
+    assert first.status_code == 200, first.text
+    assert prefixed.post("/api/verify", json=body).json() == first.json()  # a replay
+    assert metric_value(client, "verifier_drafted_tokens_total") == drafted + 2
+    assert prefixed.delete(f"/api/sessions/{session['session_id']}").status_code == 204

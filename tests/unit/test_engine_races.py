@@ -17,8 +17,10 @@ import pytest
 from server.engine import Engine, Slot
 from server.errors import (
     DecodeFailed,
+    EngineInterrupted,
     InternalError,
     InvalidDraftProbs,
+    InvalidToken,
     NPastMismatch,
     ServerFull,
     SessionBusy,
@@ -91,10 +93,14 @@ async def continue_alone(scheduler: BatchScheduler, session: dict, n_tokens: int
     return out[:n_tokens]
 
 
-def assert_consistent(runtime: FakeRuntime, engine: Engine) -> None:
+def assert_consistent(
+    runtime: FakeRuntime, engine: Engine, scheduler: BatchScheduler | None = None
+) -> None:
     """No seq id lost or doubled; each live session's cells are exactly its committed
-    tokens but the pending one; every other sequence is empty."""
+    tokens but the pending one; every other sequence is empty; nothing left in flight."""
     engine.check_invariants()
+    if scheduler is not None:
+        assert scheduler.queue_depth == 0 and not scheduler._rounds
     live = {}
     for session_id in list(engine.sessions._live):
         session = engine.sessions.find(session_id)
@@ -115,6 +121,9 @@ def test_identical_rounds_sent_at_once_get_one_decode_and_one_answer(inline):
 
     async def scenario():
         session = await open_session(scheduler, "hello there")
+        # A second session makes an inline round yield once before it decodes, so the
+        # copies arrive while the first is in flight, inline or queued.
+        await open_session(scheduler, "someone else")
         expected = runtime.reference_greedy(session["ids"], 12)
         draft = expected[:3]
         before = runtime.decoded_tokens_total
@@ -125,11 +134,12 @@ def test_identical_rounds_sent_at_once_get_one_decode_and_one_answer(inline):
         assert answers[0] == answers[1] == answers[2]
         assert answers[0].tokens == expected[:4]
         assert runtime.decoded_tokens_total - before == len(draft) + 1  # decoded once
+        assert scheduler.metrics.registry.get_sample_value("verifier_joined_rounds_total") == 2
         session["n_past"] = answers[0].total_tokens
         assert expected[:4] + await continue_alone(scheduler, session, 8) == expected
 
     run(scenario())
-    assert_consistent(runtime, engine)
+    assert_consistent(runtime, engine, scheduler)
 
 
 def test_duplicates_queued_in_one_pass_join_the_first():
@@ -201,11 +211,14 @@ def test_a_caller_that_goes_away_does_not_cancel_its_round():
         gone.cancel()
         await asyncio.sleep(0)
         assert scheduler.queue_depth == 1  # the round still runs
+        before = runtime.decoded_tokens_total
         (retry,) = await drive(scheduler, scheduler.verify(request))
         assert retry.tokens == runtime.reference_greedy(session["ids"], 1)
+        assert runtime.decoded_tokens_total - before == 1  # the one round, decoded once
+        assert scheduler.metrics.registry.get_sample_value("verifier_joined_rounds_total") == 1
 
     run(scenario())
-    assert_consistent(runtime, engine)
+    assert_consistent(runtime, engine, scheduler)
 
 
 # -- the session table does not move under a round ------------------------------------
@@ -251,7 +264,7 @@ def test_expiry_and_eviction_never_take_a_session_with_a_round():
         works.append(prefill.session)
     busy, idle = works
     work = engine.begin_verify(VerifyRequest(session_id=busy.session_id, n_past=len(busy.tokens)))
-    assert engine.expire_idle(0.0) == [idle.session_id]  # expired: only the idle one
+    assert engine.expire_idle(-1.0) == [idle.session_id]  # expired: only the idle one
     engine.begin_prefill(PrefillRequest(prompt="takes the free one"))
     with pytest.raises(ServerFull):  # nothing idle left to evict
         engine.begin_prefill(PrefillRequest(prompt="one too many"))
@@ -264,7 +277,7 @@ def test_expiry_and_eviction_never_take_a_session_with_a_round():
 
 
 def test_the_sweep_keeps_sessions_with_work_queued():
-    runtime, engine, scheduler = build(ttl_s=0.0)
+    runtime, engine, scheduler = build(ttl_s=-1.0)  # every idle session is past it
 
     async def scenario():
         waiting = await open_session(scheduler, "queued")
@@ -396,7 +409,8 @@ def test_a_failing_scheduler_step_undoes_what_it_had_begun(monkeypatch):
         monkeypatch.setattr(engine, "run_batch", _raise)
         (failed,) = await drive(scheduler, scheduler.verify(verify_request(session, [1])))
         monkeypatch.undo()
-        assert isinstance(failed, InternalError)
+        # Undone, so worth sending again: a 503 the drafter retries.
+        assert isinstance(failed, EngineInterrupted) and failed.status_code == 503
         assert_consistent(runtime, engine)
         assert await continue_alone(scheduler, session, 5) == expected
 
@@ -410,34 +424,120 @@ def _raise(*args, **kwargs):
 # -- request consistency --------------------------------------------------------------
 
 
-def test_draft_probs_must_match_the_draft_whatever_the_strategy():
+@pytest.mark.parametrize("strategy", ["greedy", "match", "rejection"])
+def test_draft_probs_must_match_the_draft_whatever_the_strategy(strategy):
     runtime, engine, scheduler = build()
+    sampling = {} if strategy == "greedy" else {"sampling": SamplingParams(temperature=0.9, seed=3)}
 
     async def scenario():
-        session = await open_session(scheduler, "greedy one")
-        twin = await open_session(scheduler, "greedy one")
+        session = await open_session(scheduler, "one", strategy=strategy, **sampling)
+        twin = await open_session(scheduler, "one", strategy=strategy, **sampling)
         request = verify_request(session, [5, 6])
         bad = [
-            [[(5, 1.0)], [(6, 1.0)], [(7, 1.0)]],  # more rows than tokens
-            [[(5, 1.0)]],  # fewer
-            [[(5, 0.5)], [(6, 1.0)]],  # not a distribution
-            [[(4, 1.0)], [(6, 1.0)]],  # no mass on the draft token
+            ([[(5, 1.0)], [(6, 1.0)], [(7, 1.0)]], InvalidDraftProbs),  # more rows than tokens
+            ([[(5, 1.0)]], InvalidDraftProbs),  # fewer
+            ([[(5, 0.5)], [(6, 1.0)]], InvalidDraftProbs),  # not a distribution
+            ([[(4, 1.0)], [(6, 1.0)]], InvalidDraftProbs),  # no mass on the draft token
+            ([[(5, 0.5), (runtime.n_vocab, 0.5)], [(6, 1.0)]], InvalidToken),  # no such id
         ]
-        for probs in bad:
+        for probs, error in bad:
             (answer,) = await drive(
                 scheduler, scheduler.verify(request.model_copy(update={"draft_probs": probs}))
             )
-            assert isinstance(answer, InvalidDraftProbs), probs
-        assert_consistent(runtime, engine)
-        good = request.model_copy(update={"draft_probs": [[(5, 0.7), (9, 0.3)], [(6, 1.0)]]})
-        with_probs, without = await drive(
-            scheduler, scheduler.verify(good), scheduler.verify(verify_request(twin, [5, 6]))
+            assert isinstance(answer, error), (probs, answer)
+        assert_consistent(runtime, engine, scheduler)
+        # The session is untouched, random stream included: it answers the next round
+        # exactly as its twin, which saw none of the bad requests.
+        # Only rejection reads q; the others ignore a well-formed one, so the twin sends none.
+        good = [[(5, 0.7), (9, 0.3)], [(6, 1.0)]]
+        twin_probs = good if strategy == "rejection" else None
+        answers = await drive(
+            scheduler,
+            scheduler.verify(request.model_copy(update={"draft_probs": good})),
+            scheduler.verify(
+                verify_request(twin, [5, 6]).model_copy(update={"draft_probs": twin_probs})
+            ),
         )
-        # A greedy session ignores well-formed probabilities.
-        assert with_probs.model_dump(exclude={"timings"}) == without.model_dump(exclude={"timings"})
+        assert answers[0].model_dump(exclude={"timings"}) == answers[1].model_dump(
+            exclude={"timings"}
+        )
 
     run(scenario())
-    assert_consistent(runtime, engine)
+    assert_consistent(runtime, engine, scheduler)
+
+
+# -- what no request should ever meet, handled anyway -----------------------------------
+
+
+def test_a_bug_on_the_inline_path_leaves_the_session_usable(monkeypatch):
+    runtime, engine, scheduler = build(inline=True)
+
+    async def scenario():
+        session = await open_session(scheduler, "inline")
+        expected = runtime.reference_greedy(session["ids"], 4)
+        monkeypatch.setattr(engine, "run_batch", _raise)
+        (failed,) = await drive(scheduler, scheduler.verify(verify_request(session, [1])))
+        monkeypatch.undo()
+        assert isinstance(failed, RuntimeError)  # the lane answers it as a 500
+        assert engine.session(session["id"]).work is None
+        assert await continue_alone(scheduler, session, 4) == expected
+
+    run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_metrics_that_fail_never_cost_a_round_its_answer(monkeypatch):
+    runtime, engine, scheduler = build(inline=True)
+    monkeypatch.setattr(scheduler.metrics, "observe_batch", _raise)
+
+    async def scenario():
+        session = await open_session(scheduler, "counted or not")
+        expected = runtime.reference_greedy(session["ids"], 4)
+        assert await continue_alone(scheduler, session, 4) == expected
+
+    run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_the_engine_thread_survives_a_failing_sweep(monkeypatch):
+    runtime = FakeRuntime()
+    engine = Engine(runtime, max_draft=MAX_DRAFT)
+    monkeypatch.setattr(engine, "expire_idle", _raise)
+    scheduler = BatchScheduler(
+        engine, VerifierMetrics(4, MAX_DRAFT), max_queue=8, session_ttl_s=1.0, inline_rounds=False
+    )
+
+    async def scenario():
+        scheduler._last_sweep = float("-inf")  # the next pass sweeps, and the sweep fails
+        prefill = await asyncio.wait_for(scheduler.prefill(PrefillRequest(prompt="a")), 60)
+        scheduler._last_sweep = float("-inf")
+        request = VerifyRequest(session_id=prefill.session_id, n_past=prefill.total_tokens)
+        answer = await asyncio.wait_for(scheduler.verify(request), 60)
+        assert answer.tokens == runtime.reference_greedy(prefill.prompt_ids, 1)
+
+    try:
+        run(scenario())
+    finally:
+        scheduler.close()
+    assert runtime.closed
+
+
+def test_stopping_fails_what_is_still_queued_and_undoes_it():
+    runtime, engine, scheduler = build()
+
+    async def scenario():
+        session = await open_session(scheduler, "left behind")
+        task = asyncio.ensure_future(scheduler.verify(verify_request(session, [1, 2])))
+        await asyncio.sleep(0)
+        assert scheduler.queue_depth == 1
+        scheduler.stop()  # no engine thread here: nothing ran the round
+        (answer,) = await drive(scheduler, task)
+        assert isinstance(answer, ServerFull)
+        with pytest.raises(ServerFull):
+            await scheduler.verify(verify_request(session, [1, 2]))
+
+    run(scenario())
+    assert_consistent(runtime, engine, scheduler)
 
 
 # -- inline rounds ----------------------------------------------------------------------
