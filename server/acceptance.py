@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.sampling import sample
+from server.protocol import SamplingParams
+from server.sampling import probabilities, sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,3 +138,28 @@ def accept_threshold(
         return Verdict(i, [*draft_tokens[:i], recovered], is_eog(recovered))
     bonus = sample(target_probs[len(draft_tokens)], rng)
     return Verdict(len(draft_tokens), [*draft_tokens, bonus], is_eog(bonus))
+
+
+def judge(
+    strategy: str,
+    draft_tokens: Sequence[int],
+    draft_probs: Sequence[np.ndarray] | None,
+    logits: np.ndarray,
+    target_tokens: Sequence[int],
+    sampling: SamplingParams,
+    threshold: float | None,
+    rng: np.random.Generator,
+    is_eog: Callable[[int], bool],
+) -> Verdict:
+    """A round's verdict under the session's strategy, from the target's k+1 logits rows
+    (`target_tokens` is their argmax)."""
+    if strategy == "greedy":
+        return accept_greedy(draft_tokens, target_tokens, is_eog)
+    target_probs = np.stack([probabilities(row, sampling) for row in logits])
+    if strategy == "rejection":
+        if not draft_tokens:
+            return accept_match([], target_probs, rng, is_eog)
+        return accept_rejection(draft_tokens, draft_probs, target_probs, rng, is_eog)
+    if strategy == "match":
+        return accept_match(draft_tokens, target_probs, rng, is_eog)
+    return accept_threshold(draft_tokens, target_probs, threshold, rng, is_eog)

@@ -20,31 +20,28 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from server import invariance
-from server.acceptance import (
-    Verdict,
-    accept_greedy,
-    accept_match,
-    accept_rejection,
-    accept_threshold,
+from server.acceptance import judge
+from server.checks import (
+    check_draft_probs,
+    check_round,
+    check_token_ids,
+    resolve_strategy,
+    round_key,
 )
 from server.errors import (
     APIError,
     ContextOverflow,
     DecodeFailed,
-    DraftTooLong,
     EmptyPrompt,
     InternalError,
     InvalidDraftProbs,
-    InvalidToken,
-    NPastMismatch,
     SessionBusy,
-    UnsupportedSampling,
 )
+from server.jobs import Outcome, PrefillWork, Slot, VerifyWork, Work
 from server.protocol import (
     LOSSLESS,
     InfoResponse,
@@ -58,82 +55,13 @@ from server.protocol import (
     vocab_fingerprint,
 )
 from server.runtime import BatchEntry, DecodeError, LlamaRuntime
-from server.sampling import dense, probabilities
+from server.sampling import dense
 from server.sessions import Session, SessionTable
 
 log = logging.getLogger(__name__)
 
-# How far a row of draft_probs may sum from 1 (the drafter sends float32-derived values).
-PROBS_SUM_TOLERANCE = 1e-3
-
 # Called after each llama_decode with (sessions, tokens, seconds): the scheduler's metrics.
 DecodeObserver = Callable[[int, int, float], None]
-
-
-@dataclass(eq=False)
-class PrefillWork:
-    session: Session
-    to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
-    evaluated: int = 0
-    closed: bool = False  # finished or undone: nothing of it is left to run
-
-    @property
-    def remaining(self) -> int:
-        return len(self.to_evaluate) - self.evaluated
-
-
-@dataclass(eq=False)
-class VerifyWork:
-    session: Session
-    draft_tokens: list[int]
-    draft_probs: list[np.ndarray] | None
-    start: int  # position of the pending token
-    round_key: tuple
-    began: float = field(default_factory=time.perf_counter)
-    closed: bool = False
-
-    @property
-    def remaining(self) -> int:
-        return len(self.draft_tokens) + 1  # a round is decoded whole
-
-
-Work = PrefillWork | VerifyWork
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A job's share of one batch: a whole round, or a chunk of a prompt."""
-
-    work: Work
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class Outcome:
-    work: Work
-    response: PrefillResponse | VerifyResponse | None = None  # None: a prompt not done yet
-    error: APIError | None = None
-
-
-def round_key(request: VerifyRequest) -> tuple:
-    """What makes two /verify requests the same round."""
-    probs = None
-    if request.draft_probs:  # an empty list says what no list says
-        probs = tuple(tuple(map(tuple, row)) for row in request.draft_probs)
-    return (request.n_past, tuple(request.draft_tokens), probs)
-
-
-def resolve_strategy(request: PrefillRequest) -> Strategy:
-    """The session's verification strategy: asked for, or the natural one."""
-    greedy = request.sampling.greedy
-    strategy = request.strategy or ("greedy" if greedy else "rejection")
-    if strategy == "greedy" and not greedy:
-        raise UnsupportedSampling("strategy 'greedy' needs temperature 0")
-    if strategy != "greedy" and greedy:
-        raise UnsupportedSampling(f"strategy '{strategy}' needs a temperature above 0")
-    if strategy == "threshold" and request.threshold is None:
-        raise UnsupportedSampling("strategy 'threshold' needs a threshold in (0, 1]")
-    return strategy
 
 
 class Engine:
@@ -200,7 +128,7 @@ class Engine:
             ids = self.runtime.tokenize(request.prompt, add_special=request.add_bos)
         else:
             ids = list(request.prompt_tokens or [])
-            self._check_token_ids(ids, "prompt_tokens")
+            check_token_ids(ids, self.runtime.n_vocab, "prompt_tokens")
         if not ids:
             raise EmptyPrompt("the prompt is empty: give some text or add_bos=true")
         if len(ids) >= self.n_ctx:
@@ -245,8 +173,16 @@ class Engine:
         if session.work is not None:
             raise SessionBusy(f"session {request.session_id!r} has a round in progress")
         draft_tokens = list(request.draft_tokens)
-        self._check_round(session, request.n_past, draft_tokens)
-        self._check_draft_probs(draft_tokens, request.draft_probs)
+        n_vocab = self.runtime.n_vocab
+        check_round(
+            len(session.tokens),
+            request.n_past,
+            draft_tokens,
+            max_draft=self.max_draft,
+            n_ctx=self.n_ctx,
+            n_vocab=n_vocab,
+        )
+        check_draft_probs(draft_tokens, request.draft_probs, n_vocab)
         draft_probs = None
         if session.strategy == "rejection" and draft_tokens:
             if request.draft_probs is None:
@@ -254,7 +190,6 @@ class Engine:
                     "strategy 'rejection' needs draft_probs (the drafter's q per draft token); "
                     "use strategy 'match' to send tokens only"
                 )
-            n_vocab = self.runtime.n_vocab
             draft_probs = [(q := dense(row, n_vocab)) / q.sum() for row in request.draft_probs]
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
         session.work = work
@@ -365,7 +300,17 @@ class Engine:
         rng_state = session.rng.bit_generator.state if session.strategy != "greedy" else None
         try:
             target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
-            verdict = self._judge(session, work, logits, target_tokens)
+            verdict = judge(
+                session.strategy,
+                work.draft_tokens,
+                work.draft_probs,
+                logits,
+                target_tokens,
+                session.sampling,
+                session.threshold,
+                session.rng,
+                self.runtime.is_eog,
+            )
             response = VerifyResponse(
                 accepted_prefix_len=verdict.accepted_prefix_len,
                 tokens=verdict.tokens,
@@ -445,76 +390,3 @@ class Engine:
             return Outcome(work, error=DecodeFailed(f"decode failed: {exc}"))
         log.error("engine error", exc_info=exc)
         return Outcome(work, error=InternalError(f"{type(exc).__name__}: {exc}"))
-
-    def _judge(
-        self, session: Session, work: VerifyWork, logits: np.ndarray, target_tokens: list[int]
-    ) -> Verdict:
-        is_eog = self.runtime.is_eog
-        draft_tokens = work.draft_tokens
-        if session.strategy == "greedy":
-            return accept_greedy(draft_tokens, target_tokens, is_eog)
-        target_probs = np.stack([probabilities(row, session.sampling) for row in logits])
-        if session.strategy == "rejection":
-            if not draft_tokens:
-                return accept_match([], target_probs, session.rng, is_eog)
-            return accept_rejection(
-                draft_tokens, work.draft_probs, target_probs, session.rng, is_eog
-            )
-        if session.strategy == "match":
-            return accept_match(draft_tokens, target_probs, session.rng, is_eog)
-        return accept_threshold(draft_tokens, target_probs, session.threshold, session.rng, is_eog)
-
-    def _check_draft_probs(
-        self, draft_tokens: list[int], pairs: list[list[tuple[int, float]]] | None
-    ) -> None:
-        """draft_probs, when present, is one distribution per draft token that could have
-        produced it, whatever the session's strategy (only 'rejection' uses it; the others
-        ignore a well-formed one)."""
-        if pairs is None:
-            return
-        if len(pairs) != len(draft_tokens):
-            raise InvalidDraftProbs(
-                f"draft_probs has {len(pairs)} distributions for {len(draft_tokens)} tokens"
-            )
-        n_vocab = self.runtime.n_vocab
-        for i, (token, row) in enumerate(zip(draft_tokens, pairs, strict=True)):
-            # Probabilities are already in [0, 1] and finite (the wire schema says so).
-            mass = 0.0
-            for token_id, prob in row:
-                if not 0 <= token_id < n_vocab:
-                    raise InvalidToken(f"draft_probs[{i}] names token {token_id}")
-                if token_id == token:
-                    mass += prob
-            total = sum(prob for _, prob in row)
-            if abs(total - 1.0) > PROBS_SUM_TOLERANCE:
-                raise InvalidDraftProbs(f"draft_probs[{i}] sums to {total:.6f}, not 1")
-            if mass <= 0.0:
-                raise InvalidDraftProbs(
-                    f"draft token {token} at position {i} has no mass in draft_probs[{i}]"
-                )
-
-    def _check_token_ids(self, ids: Sequence[int], where: str) -> None:
-        n_vocab = self.runtime.n_vocab
-        for i, token in enumerate(ids):
-            if not 0 <= token < n_vocab:
-                raise InvalidToken(f"{where}[{i}] = {token} is outside [0, {n_vocab})")
-
-    def _check_round(self, session: Session, n_past: int, draft_tokens: list[int]) -> None:
-        committed = len(session.tokens)
-        if n_past != committed:
-            raise NPastMismatch(
-                f"n_past={n_past} but the session has {committed} committed tokens "
-                f"(total_tokens={committed})",
-                headers={"X-Total-Tokens": str(committed)},
-            )
-        if len(draft_tokens) > self.max_draft:
-            raise DraftTooLong(
-                f"the draft has {len(draft_tokens)} tokens; this verifier takes at most "
-                f"{self.max_draft}"
-            )
-        self._check_token_ids(draft_tokens, "draft_tokens")
-        needed = committed + len(draft_tokens)
-        if needed > self.n_ctx:
-            raise ContextOverflow(
-                f"the round needs {needed} positions; the session's context holds {self.n_ctx}"
-            )

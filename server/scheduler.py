@@ -35,8 +35,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import Engine, Slot, VerifyWork, Work, round_key
+from server.checks import round_key
+from server.engine import Engine
 from server.errors import APIError, EngineInterrupted, InternalError, ServerFull
+from server.jobs import Slot, VerifyWork, Work
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 

@@ -14,7 +14,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from server.engine import Engine, Slot
+from server import engine as engine_module
+from server.engine import Engine
 from server.errors import (
     DecodeFailed,
     EngineInterrupted,
@@ -26,6 +27,7 @@ from server.errors import (
     SessionBusy,
     SessionNotFound,
 )
+from server.jobs import Slot
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, SamplingParams, VerifyRequest
 from server.scheduler import BatchScheduler
@@ -331,23 +333,22 @@ def test_a_decode_failing_for_one_job_of_four_fails_only_that_job():
 def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strategy):
     runtime, engine, scheduler = build()
     sampling = {} if strategy == "greedy" else {"sampling": SamplingParams(temperature=0.8, seed=7)}
-    real_judge = engine._judge
+    real_judge = engine_module.judge
     broken = {}
 
-    def judge(session, work, logits, target_tokens):
-        verdict = real_judge(session, work, logits, target_tokens)  # consumes the stream too
-        if session.session_id == broken.get("id"):
-            broken.pop("id")
+    def judge(strategy, draft_tokens, *args):
+        verdict = real_judge(strategy, draft_tokens, *args)  # consumes the stream too
+        if draft_tokens == [4, 5] and broken.pop("armed", False):
             raise RuntimeError("a bug after the decode")
         return verdict
 
-    monkeypatch.setattr(engine, "_judge", judge)
+    monkeypatch.setattr(engine_module, "judge", judge)
 
     async def scenario():
         victim = await open_session(scheduler, "victim", strategy=strategy, **sampling)
         bystander = await open_session(scheduler, "bystander")
         twin = await open_session(scheduler, "victim", strategy=strategy, **sampling)
-        broken["id"] = victim["id"]
+        broken["armed"] = True
         failed, ok = await drive(
             scheduler,
             scheduler.verify(verify_request(victim, [4, 5])),
