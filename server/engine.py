@@ -311,6 +311,9 @@ class Engine:
                 session.rng,
                 self.runtime.is_eog,
             )
+            # Keep the pending token and the accepted drafts; the target's own token
+            # becomes the next pending token.
+            self.runtime.remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
             response = VerifyResponse(
                 accepted_prefix_len=verdict.accepted_prefix_len,
                 tokens=verdict.tokens,
@@ -325,9 +328,6 @@ class Engine:
                     decoded_tokens=work.remaining,
                 ),
             )
-            # Keep the pending token and the accepted drafts; the target's own token
-            # becomes the next pending token.
-            self.runtime.remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
         except BaseException:
             if rng_state is not None:
                 session.rng.bit_generator.state = rng_state

@@ -63,6 +63,8 @@ class RoundAbandoned(ServerFull):
 
 
 async def _result(future: Future) -> Any:
+    if future.done():  # an inline round: no trip through the event loop's wake-up pipe
+        return future.result()
     # Shielded: a caller that goes away must not cancel work other callers wait for.
     return await asyncio.shield(asyncio.wrap_future(future))
 
