@@ -41,7 +41,7 @@ from server.errors import (
     InvalidDraftProbs,
     SessionBusy,
 )
-from server.jobs import Outcome, PrefillWork, Slot, VerifyWork, Work
+from server.jobs import Outcome, PrefillWork, Slot, VerifyWork, Work, check_slots
 from server.protocol import (
     LOSSLESS,
     InfoResponse,
@@ -65,7 +65,15 @@ DecodeObserver = Callable[[int, int, float], None]
 
 
 class Engine:
-    def __init__(self, runtime: LlamaRuntime, *, max_draft: int, model_name: str | None = None):
+    def __init__(
+        self,
+        runtime: LlamaRuntime,
+        *,
+        max_draft: int,
+        model_name: str | None = None,
+        prefix_cache_min_tokens: int = 0,
+    ):
+        """`prefix_cache_min_tokens` > 0: reuse ended sessions' prefixes that long or more."""
         if runtime.n_batch < max_draft + 1:
             raise ValueError(f"n_batch={runtime.n_batch} cannot hold a draft of {max_draft} + 1")
         self.runtime = runtime
@@ -83,7 +91,16 @@ class Engine:
                 "at a time; greedy sessions report lossless=false",
                 self.invariance.max_abs_diff,
             )
-        self.sessions = SessionTable(self.max_sessions, runtime.clear)
+        probe = self.invariance
+        if prefix_cache_min_tokens and not (
+            probe.batch_invariant and probe.prefill_chunk_invariant
+        ):
+            # A prefix computed in other chunks would answer otherwise than a cold prompt.
+            log.warning("prompt reuse is off: logits depend on how a prompt is cut here")
+            prefix_cache_min_tokens = 0
+        self.sessions = SessionTable(
+            self.max_sessions, runtime.remove, min_reuse=prefix_cache_min_tokens
+        )
 
     # -- facts ------------------------------------------------------------------------
 
@@ -110,6 +127,9 @@ class Engine:
             flash_attn=rt.flash_attn,
             batch_invariant=self.invariance.batch_invariant,
             batch_max_diff=self.invariance.max_abs_diff,
+            prefill_chunk_invariant=self.invariance.prefill_chunk_invariant,
+            prefill_chunk_max_diff=self.invariance.prefill_chunk_max_diff,
+            prefix_cache=self.sessions.min_reuse > 0,
             strategies={s: self.lossless(s) for s in LOSSLESS},
         )
 
@@ -147,7 +167,7 @@ class Engine:
         evicted to make room."""
         strategy = resolve_strategy(request)
         prompt_ids = self.prompt_ids(request)
-        seq_id = self.sessions.reserve(keep)
+        seq_id, reused = self.sessions.reserve(keep, owner, prompt_ids)
         session = Session(
             session_id=uuid.uuid4().hex,
             seq_id=seq_id,
@@ -159,7 +179,9 @@ class Engine:
             rng=np.random.default_rng(request.sampling.seed),
             owner=owner,
         )
-        return PrefillWork(session=session, to_evaluate=prompt_ids[:-1])
+        return PrefillWork(
+            session=session, to_evaluate=prompt_ids[:-1], evaluated=reused, reused=reused
+        )
 
     def begin_verify(
         self, request: VerifyRequest, owner: str | None = None
@@ -204,7 +226,7 @@ class Engine:
         every job's cells are removed and each is decoded alone, so only a job that
         cannot be decoded fails. A job that fails is undone: its session is as before its
         round (or, for a prompt, its sequence is free again)."""
-        self._check_slots(slots)
+        check_slots(slots, self.runtime.n_batch)
         entries = [entry for slot in slots for entry in self._entries(slot)]
         try:
             began = time.perf_counter()
@@ -267,22 +289,6 @@ class Engine:
         self.runtime.close()
 
     # -- internals --------------------------------------------------------------------
-
-    def _check_slots(self, slots: Sequence[Slot]) -> None:
-        """What the scheduler must never send; refused before anything is touched."""
-        seq_ids = [slot.work.session.seq_id for slot in slots]
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"two jobs of one sequence in a batch: {seq_ids}")
-        for slot in slots:
-            work = slot.work
-            if work.closed or (isinstance(work, VerifyWork) and work.session.work is not work):
-                raise ValueError("a batch slot holds a job that is not open")
-            if isinstance(work, VerifyWork) and slot.n_tokens != work.remaining:
-                raise ValueError("a round is decoded whole")
-            if isinstance(work, PrefillWork) and not 0 <= slot.n_tokens <= work.remaining:
-                raise ValueError(f"a prompt chunk of {slot.n_tokens} of {work.remaining} tokens")
-        if sum(slot.n_tokens for slot in slots) > self.runtime.n_batch:
-            raise ValueError(f"the batch exceeds n_batch={self.runtime.n_batch}")
 
     def _entries(self, slot: Slot) -> list[BatchEntry]:
         work = slot.work
@@ -357,6 +363,7 @@ class Engine:
                 total_tokens=len(session.tokens),
                 strategy=session.strategy,
                 lossless=self.lossless(session.strategy),
+                cached_tokens=work.reused,
             ),
         )
 
@@ -378,7 +385,7 @@ class Engine:
         if isinstance(work, VerifyWork):
             session.work = None
             if not self._remove_cells(work):
-                self.sessions.discard(session.session_id)
+                self.sessions.discard(session.session_id, keep_prefix=False)
         else:
             try:
                 self.sessions.unreserve(session.seq_id)

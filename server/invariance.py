@@ -10,11 +10,17 @@ probe three ways and compares the logits bit for bit:
 1. one token at a time (how `/generate` would see it with nobody else around);
 2. the probe's tokens as one batch (a verify round);
 3. the same batch beside another sequence's tokens (a round sharing its batch).
+
+Rounds are short; prompts are evaluated in long chunks, and a chunk's length can decide
+the kernel (llama.cpp's CPU build takes another path from 64 rows of one sequence on, with
+other numbers). So the probe also evaluates a longer prompt in one chunk and in two, and
+reports whether the next token's logits agree: the scheduler always cuts a prompt at the
+same places, so this decides only whether a cached prefix (cut elsewhere) may be reused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +33,7 @@ PROBE_TEXT = (
 )
 PROBE_ROUND = 9  # tokens compared: a round of k = 8
 PROBE_NEIGHBOUR = 5  # the other sequence's tokens in the shared batch
+PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
 
 
 class ProbeRuntime(Protocol):
@@ -46,6 +53,8 @@ class InvarianceReport:
     max_abs_diff: float  # the largest logit difference between any two ways
     argmax_agrees: bool  # the greedy choice at every probed position, all ways
     positions: int
+    prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
+    prefill_chunk_max_diff: float = 0.0
 
 
 def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
@@ -102,8 +111,30 @@ def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceRep
                 ]
             )
             ways.append(rows[2 : 2 + n_round])
+        chunk_diff = _prompt_chunking(runtime, seq_a)
     finally:
         runtime.clear(seq_a)
         if seq_b is not None:
             runtime.clear(seq_b)
-    return compare(one_at_a_time, ways)
+    report = compare(one_at_a_time, ways)
+    return replace(
+        report, prefill_chunk_invariant=chunk_diff == 0.0, prefill_chunk_max_diff=chunk_diff
+    )
+
+
+def _prompt_chunking(runtime: ProbeRuntime, seq_id: int) -> float:
+    """The largest logit difference for a prompt's next token between the prompt
+    evaluated in one chunk and in two."""
+    limit = min(runtime.n_batch, runtime.n_ctx_per_seq, PROBE_PROMPT)
+    ids = runtime.tokenize(PROBE_TEXT * 8, add_special=True)[:limit]
+    *prompt, last = ids
+    rows = []
+    for cuts in ([len(prompt)], [len(prompt) // 2, len(prompt) - len(prompt) // 2]):
+        runtime.clear(seq_id)
+        start = 0
+        for n in cuts:
+            chunk = prompt[start : start + n]
+            runtime.decode([BatchEntry(t, start + i, seq_id, False) for i, t in enumerate(chunk)])
+            start += n
+        rows.append(runtime.decode([BatchEntry(last, len(prompt), seq_id, True)])[0])
+    return float(np.max(np.abs(rows[0].astype(np.float64) - rows[1])))

@@ -4,6 +4,7 @@ job's share of one batch and what came of it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +18,8 @@ from server.sessions import Session
 class PrefillWork:
     session: Session
     to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
-    evaluated: int = 0
+    evaluated: int = 0  # starts at `reused`: those tokens' cells were already there
+    reused: int = 0  # taken from a cached prefix of the same API key
     closed: bool = False  # finished or undone: nothing of it is left to run
 
     @property
@@ -56,3 +58,20 @@ class Outcome:
     work: Work
     response: PrefillResponse | VerifyResponse | None = None  # None: a prompt not done yet
     error: APIError | None = None
+
+
+def check_slots(slots: Sequence[Slot], n_batch: int) -> None:
+    """What a scheduler must never send the engine; refused before anything is touched."""
+    seq_ids = [slot.work.session.seq_id for slot in slots]
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"two jobs of one sequence in a batch: {seq_ids}")
+    for slot in slots:
+        work = slot.work
+        if work.closed or (isinstance(work, VerifyWork) and work.session.work is not work):
+            raise ValueError("a batch slot holds a job that is not open")
+        if isinstance(work, VerifyWork) and slot.n_tokens != work.remaining:
+            raise ValueError("a round is decoded whole")
+        if isinstance(work, PrefillWork) and not 0 <= slot.n_tokens <= work.remaining:
+            raise ValueError(f"a prompt chunk of {slot.n_tokens} of {work.remaining} tokens")
+    if sum(slot.n_tokens for slot in slots) > n_batch:
+        raise ValueError(f"the batch exceeds n_batch={n_batch}")

@@ -39,7 +39,11 @@ def build_engine(settings: VerifierSettings) -> Engine:
         flash_attn=settings.flash_attn,
         verbose=settings.verbose,
     )
-    return Engine(runtime, max_draft=settings.max_draft)
+    return Engine(
+        runtime,
+        max_draft=settings.max_draft,
+        prefix_cache_min_tokens=settings.prefix_cache_min_tokens if settings.prefix_cache else 0,
+    )
 
 
 async def _load_engine(state: AppState) -> None:

@@ -28,6 +28,17 @@ class VerifierMetrics:
             "sessions evicted (least recently used) to make room for a new one",
             registry=r,
         )
+        self.prompt_tokens_evaluated = Counter(
+            "verifier_prompt_tokens_evaluated",
+            "prompt tokens evaluated by /prefill (the last one of each prompt is evaluated "
+            "with the session's first round)",
+            registry=r,
+        )
+        self.prompt_tokens_reused = Counter(
+            "verifier_prompt_tokens_reused",
+            "prompt tokens taken from a cached prefix instead of being evaluated",
+            registry=r,
+        )
         self.joined_rounds = Counter(
             "verifier_joined_rounds",
             "/verify requests that were a duplicate of the session's round in flight and "

@@ -82,6 +82,11 @@ class PrefillResponse(ResponseModel):
     total_tokens: int
     strategy: Strategy
     lossless: bool
+    cached_tokens: int = Field(
+        0,
+        description="prompt tokens taken from a cached prefix of the same API key, not "
+        "evaluated again",
+    )
 
 
 class VerifyRequest(WireModel):
@@ -161,6 +166,15 @@ class InfoResponse(ResponseModel):
     )
     batch_max_diff: float = Field(
         0.0, description="the probe's largest logit difference between batch shapes"
+    )
+    prefill_chunk_invariant: bool = Field(
+        True,
+        description="whether the probe's prompt gave the same next-token logits evaluated in "
+        "one chunk and in two; prompt reuse is exact, so on, only if so",
+    )
+    prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
+    prefix_cache: bool = Field(
+        False, description="whether ended sessions' prompts are kept and reused"
     )
     strategies: dict[str, bool] = Field(
         default_factory=lambda: dict(LOSSLESS),

@@ -38,7 +38,7 @@ from typing import Any
 from server.checks import round_key
 from server.engine import Engine
 from server.errors import APIError, EngineInterrupted, InternalError, ServerFull
-from server.jobs import Slot, VerifyWork, Work
+from server.jobs import PrefillWork, Slot, Work
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 
@@ -291,7 +291,7 @@ class BatchScheduler:
 
     def _step(self, jobs: list[_Job]) -> None:
         """Decide one batch from the queue, in arrival order, and run it."""
-        budget = self.engine.runtime.n_batch
+        budget = n_batch = self.engine.runtime.n_batch
         slots: list[tuple[_Job, Slot]] = []
         seq_ids: set[int] = set()
         touched: set[str] = set()  # sessions with work earlier in the queue
@@ -311,10 +311,14 @@ class BatchScheduler:
             if work.session.seq_id in seq_ids:
                 continue  # one slice per session per batch: the next pass takes it
             n_tokens = work.remaining
-            if isinstance(work, VerifyWork) and n_tokens > budget:
-                budget = 0  # a round is decoded whole; keep arrival order
+            if isinstance(work, PrefillWork):
+                # A prompt is always cut at the same places (multiples of n_batch), however
+                # busy the engine: a chunk's length can change its numbers (see
+                # server/invariance.py), and a prompt must answer the same under load.
+                n_tokens = min(n_tokens, n_batch - work.evaluated % n_batch)
+            if n_tokens > budget:
+                budget = 0  # a round or a chunk is decoded whole; keep arrival order
                 continue
-            n_tokens = min(n_tokens, budget)
             slots.append((job, Slot(work, n_tokens)))
             seq_ids.add(work.session.seq_id)
             budget -= n_tokens
@@ -327,7 +331,13 @@ class BatchScheduler:
             if outcome.error is not None:
                 self._fail(job, outcome.error)
             elif outcome.response is not None:
+                if isinstance(outcome.response, PrefillResponse):
+                    self._count_prompt(outcome.response)
                 self._settle(job, lambda r=outcome.response: r)
+
+    def _count_prompt(self, response: PrefillResponse) -> None:
+        self.metrics.prompt_tokens_reused.inc(response.cached_tokens)
+        self.metrics.prompt_tokens_evaluated.inc(response.prompt_len - 1 - response.cached_tokens)
 
     def _begin(self, job: _Job) -> bool:
         try:

@@ -1,9 +1,18 @@
 """The session table: which session holds which KV sequence, and who may lose theirs.
 
-Every seq id is always in exactly one place: free, reserved by a prefill that is still
-being evaluated, or held by a live session. `check()` says so and the tests call it
-after every failure they provoke. A session that has a round begun (`Session.work` set)
-is never released: delete, expiry and eviction all wait until its round is over.
+Every seq id is always in exactly one place: free (empty), reserved by a prefill that is
+still being evaluated, held by a live session, or holding a cached prefix. `check()` says
+so and the tests call it after every failure they provoke. A session that has a round
+begun (`Session.work` set) is never released: delete, expiry and eviction all wait until
+its round is over.
+
+Prompt reuse: a session that ends (DELETE, expiry, the end of a /generate) leaves its
+KV sequence and tokens behind as a cached prefix, until the slot is needed. A new prompt
+of the same API key takes the cached prefix with which it shares the longest common
+prefix (tokens compared one by one, never hashed), trimmed to that, and evaluates only
+the rest. Prefixes are never shared across keys: a shared cache leaks prompts through
+timing. When a sequence is needed, an empty one goes first, then the least recently
+cached prefix, and only then the least recently used idle session.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,16 +56,39 @@ class Session:
         return len(self.tokens) - 1
 
 
-class SessionTable:
-    """Live sessions (least recently used first) and the pool of KV sequence ids."""
+@dataclass(frozen=True)
+class CachedPrefix:
+    owner: str
+    tokens: list[int]  # exactly what the sequence's KV cells hold, in position order
 
-    def __init__(self, max_sessions: int, clear_seq: Callable[[int], None]):
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class SessionTable:
+    """Live sessions (least recently used first), cached prefixes (least recently cached
+    first) and the pool of KV sequence ids.
+
+    `remove(seq_id, p0)` drops a sequence's cells from position p0 on (-1: all of them).
+    With `min_reuse` = 0 no prefix is kept."""
+
+    def __init__(
+        self, max_sessions: int, remove: Callable[[int, int], None], *, min_reuse: int = 0
+    ):
         self.max_sessions = max_sessions
-        self._clear_seq = clear_seq
+        self._remove = remove
+        self.min_reuse = min_reuse
         self._live: OrderedDict[str, Session] = OrderedDict()
         self._reserved: set[int] = set()  # prefills in progress
+        self._cached: OrderedDict[int, CachedPrefix] = OrderedDict()
         self._free = list(range(max_sessions - 1, -1, -1))
         self.evicted = 0
+        self.dropped_prefixes = 0
 
     def __len__(self) -> int:
         return len(self._live)
@@ -74,10 +106,23 @@ class SessionTable:
     def find(self, session_id: str) -> Session | None:
         return self._live.get(session_id)
 
-    def reserve(self, keep: Iterable[str] = ()) -> int:
-        """A free seq id, emptied, for a new prefill. When none is free, the least recently
-        used idle session is evicted: never one with a round begun or named in `keep`
-        (sessions with work queued)."""
+    def reserve(
+        self, keep: Iterable[str] = (), owner: str | None = None, prompt: Sequence[int] = ()
+    ) -> tuple[int, int]:
+        """A seq id for a new prefill of `prompt`, and how many of its first tokens the
+        sequence already holds: the longest cached prefix of `owner`'s, if at least
+        `min_reuse` tokens long (never the prompt's last token: that one is evaluated with
+        the first round). Otherwise an empty sequence; when none is left, the least
+        recently cached prefix is dropped, then the least recently used idle session is
+        evicted: never one with a round begun or named in `keep` (sessions with work
+        queued)."""
+        reused = self._take_prefix(owner, prompt)
+        if reused is not None:
+            return reused
+        if not self._free and self._cached:
+            seq_id, _ = self._cached.popitem(last=False)
+            self.dropped_prefixes += 1
+            self._free_seq(seq_id)
         if not self._free:
             keep = set(keep)
             victim = next(
@@ -94,19 +139,38 @@ class SessionTable:
         seq_id = self._free.pop()
         self._reserved.add(seq_id)
         try:
-            self._clear_seq(seq_id)
+            self._remove(seq_id, -1)
         except Exception:
             self.unreserve(seq_id)
             raise
-        return seq_id
+        return seq_id, 0
+
+    def _take_prefix(self, owner: str | None, prompt: Sequence[int]) -> tuple[int, int] | None:
+        if not self.min_reuse or owner is None or len(prompt) < 2:
+            return None
+        best_seq, best_len = None, 0
+        for seq_id, prefix in self._cached.items():
+            if prefix.owner == owner:
+                n = common_prefix_len(prefix.tokens, prompt)
+                if n > best_len:
+                    best_seq, best_len = seq_id, n
+        best_len = min(best_len, len(prompt) - 1)
+        if best_seq is None or best_len < self.min_reuse:
+            return None
+        del self._cached[best_seq]
+        self._reserved.add(best_seq)
+        try:
+            self._remove(best_seq, best_len)  # what differs from the prompt goes
+        except Exception:
+            log.exception("could not trim a cached prefix; evaluating the prompt whole")
+            self.unreserve(best_seq)
+            return None
+        return best_seq, best_len
 
     def unreserve(self, seq_id: int) -> None:
         """A prefill that will not finish gives its sequence back, emptied."""
         self._reserved.discard(seq_id)
-        try:
-            self._clear_seq(seq_id)
-        finally:
-            self._free.append(seq_id)
+        self._free_seq(seq_id)
 
     def activate(self, session: Session) -> None:
         """A prefill that finished: its reserved sequence becomes a live session."""
@@ -119,14 +183,15 @@ class SessionTable:
             # The scheduler runs a delete only after the session's queued work: reaching
             # this is a bug, and refusing keeps the round's sequence safe from reuse.
             raise SessionBusy(f"session {session_id!r} has a round in progress; retry")
-        self._release(session)
+        self._release(session, keep_prefix=True)
 
-    def discard(self, session_id: str) -> bool:
-        """End a session if it still exists and is idle (cleanup paths); True if it did."""
+    def discard(self, session_id: str, keep_prefix: bool = True) -> bool:
+        """End a session if it still exists and is idle (cleanup paths); True if it did.
+        `keep_prefix=False` when its cells may not match its tokens."""
         session = self._live.get(session_id)
         if session is None or session.work is not None:
             return False
-        self._release(session)
+        self._release(session, keep_prefix=keep_prefix)
         return True
 
     def expire(self, ttl_s: float, keep: Iterable[str] = ()) -> list[str]:
@@ -139,26 +204,41 @@ class SessionTable:
             if now - s.last_used > ttl_s and s.work is None and s.session_id not in keep
         ]
         for session in expired:
-            self._release(session)
+            self._release(session, keep_prefix=True)
         return [s.session_id for s in expired]
 
     def release_all(self) -> None:
         for session in list(self._live.values()):
             self._release(session)
+        for seq_id in list(self._cached):
+            del self._cached[seq_id]
+            self._free_seq(seq_id)
+
+    @property
+    def cached_prefixes(self) -> dict[int, CachedPrefix]:
+        return dict(self._cached)
 
     def check(self) -> None:
-        """Every seq id is free, reserved or live, exactly once."""
+        """Every seq id is free, reserved, live or caching a prefix, exactly once."""
         live = [s.seq_id for s in self._live.values()]
-        every = sorted([*self._free, *self._reserved, *live])
+        every = sorted([*self._free, *self._reserved, *live, *self._cached])
         if every != list(range(self.max_sessions)):
             raise AssertionError(
                 f"seq ids lost or doubled: free={sorted(self._free)} "
-                f"reserved={sorted(self._reserved)} live={sorted(live)}"
+                f"reserved={sorted(self._reserved)} live={sorted(live)} "
+                f"cached={sorted(self._cached)}"
             )
 
-    def _release(self, session: Session) -> None:
+    def _release(self, session: Session, keep_prefix: bool = False) -> None:
         self._live.pop(session.session_id, None)
+        if keep_prefix and self.min_reuse and session.n_cached >= self.min_reuse:
+            # The cells hold exactly tokens[:-1]: the pending token was never evaluated.
+            self._cached[session.seq_id] = CachedPrefix(session.owner, session.tokens[:-1])
+            return
+        self._free_seq(session.seq_id)
+
+    def _free_seq(self, seq_id: int) -> None:
         try:
-            self._clear_seq(session.seq_id)
+            self._remove(seq_id, -1)
         finally:
-            self._free.append(session.seq_id)
+            self._free.append(seq_id)

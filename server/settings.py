@@ -29,6 +29,14 @@ class VerifierSettings(BaseSettings):
         description="decode a lone verify round on the event loop when the engine is idle "
         "(saves two thread switches a round; the loop waits for that one decode)",
     )
+    prefix_cache: bool = Field(
+        True,
+        description="keep an ended session's KV sequence as a prefix for the same API key's "
+        "next prompt (only on a batch-invariant build: reuse must not change output)",
+    )
+    prefix_cache_min_tokens: int = Field(
+        16, ge=1, description="shortest common prefix worth reusing, in tokens"
+    )
     max_queue: int = Field(
         64, ge=1, description="requests waiting at most; beyond it new work gets 503"
     )

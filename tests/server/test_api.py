@@ -128,7 +128,8 @@ def test_a_round_decodes_only_pending_and_draft_at_any_context_length(client, en
     for words in (3, 150, 700):
         session = prefill(client, prompt=" ".join(["word"] * words))
         state = engine.session(session["session_id"])
-        assert state.decoded_tokens == session["prompt_len"] - 1
+        # A prefix left by an earlier session of these words is reused, not evaluated.
+        assert state.decoded_tokens == session["prompt_len"] - 1 - session["cached_tokens"]
         n_past = session["total_tokens"]
         for draft in ([], [5, 6, 7, 8], [9] * MAX_DRAFT):
             before = engine.runtime.decoded_tokens_total
@@ -412,3 +413,36 @@ def test_behind_a_root_path_the_lane_serves_verify_and_counts_once(client):
     assert prefixed.post("/api/verify", json=body).json() == first.json()  # a replay
     assert metric_value(client, "verifier_drafted_tokens_total") == drafted + 2
     assert prefixed.delete(f"/api/sessions/{session['session_id']}").status_code == 204
+
+
+def test_the_probe_decides_prompt_reuse_and_a_next_turn_answers_as_cold(client, engine):
+    """The second turn of a conversation: with reuse on (a build whose prompt chunks do
+    not change its numbers) it evaluates only what is new; either way it answers exactly
+    as /generate does for the same tokens. On this project's CPU build the probe finds
+    that chunks of 64 or more rows take another kernel, so reuse stays off here."""
+    info = client.get("/info").json()
+    assert info["prefix_cache"] == info["prefill_chunk_invariant"]
+    system = "You are a careful assistant. " * 12
+    first = prefill(client, prompt=system + "Name a colour.")
+    n_past, history = first["total_tokens"], list(first["prompt_ids"])
+    for _ in range(3):
+        step = verify(client, first, n_past, [])
+        history += step["tokens"]
+        n_past = step["total_tokens"]
+    assert client.delete(f"/sessions/{first['session_id']}").status_code == 204
+    turn = [*history, *engine.runtime.tokenize(" Another colour is", add_special=False)]
+    reused_before = metric_value(client, "verifier_prompt_tokens_reused_total")
+    decoded_before = engine.runtime.decoded_tokens_total
+    second = prefill(client, prompt_tokens=turn)
+    reused = len(history) - 1 if info["prefix_cache"] else 0
+    assert second["cached_tokens"] == reused
+    assert engine.runtime.decoded_tokens_total - decoded_before == len(turn) - 1 - reused
+    assert metric_value(client, "verifier_prompt_tokens_reused_total") - reused_before == reused
+    got, n_past = [], second["total_tokens"]
+    while len(got) < 12:
+        step = verify(client, second, n_past, [])
+        got += step["tokens"]
+        n_past = step["total_tokens"]
+    alone = generate(client, 12, prompt_tokens=turn)
+    assert len(alone) >= 4 and got[: len(alone)] == alone
+    engine.check_invariants()

@@ -109,8 +109,11 @@ def assert_consistent(
         live[session.seq_id] = session
         assert runtime.cells[session.seq_id] == session.tokens[:-1], session_id
         assert session.work is None
+    cached = engine.sessions.cached_prefixes
+    for seq_id, prefix in cached.items():
+        assert runtime.cells[seq_id] == prefix.tokens, f"cached seq {seq_id} differs"
     for seq_id, cells in runtime.cells.items():
-        if seq_id not in live and seq_id not in engine.sessions._reserved:
+        if seq_id not in live and seq_id not in cached and seq_id not in engine.sessions._reserved:
             assert cells == [], f"seq {seq_id} holds cells no session owns"
 
 
@@ -608,3 +611,41 @@ def test_compare_reports_the_largest_difference():
     report = compare(reference, [same, shifted])
     assert not report.batch_invariant and report.max_abs_diff == 0.25
     assert not report.argmax_agrees
+
+
+def test_a_prompt_is_cut_at_the_same_places_however_busy_the_engine():
+    """A chunk's length can change its numbers (llama.cpp's CPU kernels from 64 rows of
+    one sequence on; the fake from `tile_rows`), so a prompt must be cut the same way
+    whether it is alone or shares passes with other sessions' rounds."""
+
+    def chunks_and_answer(busy: bool):
+        runtime = FakeRuntime(n_batch=16, tile_rows=8)
+        engine = Engine(runtime, max_draft=MAX_DRAFT)
+        scheduler = BatchScheduler(
+            engine,
+            VerifierMetrics(4, MAX_DRAFT),
+            max_queue=64,
+            session_ttl_s=600,
+            inline_rounds=False,
+            start=False,
+        )
+
+        async def scenario():
+            others = [await open_session(scheduler, f"other {i}") for i in range(2)] if busy else []
+            first = len(runtime.decodes)
+            calls = [scheduler.verify(verify_request(o, [3, 4, 5])) for o in others]
+            calls.insert(1 if busy else 0, scheduler.prefill(PrefillRequest(prompt="y" * 40)))
+            answers = await drive(scheduler, *calls)
+            opened = answers[1 if busy else 0]
+            seq = engine.session(opened.session_id).seq_id
+            cuts = [
+                n for n in (sum(e.seq_id == seq for e in d) for d in runtime.decodes[first:]) if n
+            ]
+            session = {"id": opened.session_id, "n_past": opened.total_tokens}
+            return cuts, await continue_alone(scheduler, session, 6)
+
+        return run(scenario())
+
+    alone, busy = chunks_and_answer(False), chunks_and_answer(True)
+    assert alone[0] == [16, 16, 8]
+    assert busy == alone

@@ -1,0 +1,182 @@
+"""Prompt reuse on the verifier, on the fake runtime: an ended session's sequence serves
+the same API key's next prompt, trimmed to the common prefix; nothing else changes.
+
+The fake's logits are a function of a sequence's cells, so a wrong reuse (a cell that is
+not the prompt's) changes what the session answers: every check compares with
+`reference_greedy`, a cold decode of the same prompt."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from server.engine import Engine
+from server.jobs import Slot
+from server.protocol import PrefillRequest, VerifyRequest
+from tests.fixtures.fake_runtime import FakeRuntime
+from tests.unit.test_engine_races import assert_consistent
+
+MIN_REUSE = 4
+
+
+def build(max_sessions: int = 4, **runtime) -> tuple[FakeRuntime, Engine]:
+    runtime = FakeRuntime(n_seq_max=max_sessions, **runtime)
+    return runtime, Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+
+
+def open_session(engine: Engine, prompt_tokens: list[int], owner: str = "a"):
+    work = engine.begin_prefill(
+        PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False), owner=owner
+    )
+    while work.remaining:
+        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, 64))])
+        assert outcome.error is None, outcome.error
+    if not work.closed:  # a one-token prompt: nothing to evaluate
+        (outcome,) = engine.run_batch([Slot(work, 0)])
+    return outcome.response, work
+
+
+def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[int]:
+    out = []
+    while len(out) < n:
+        session = engine.session(session_id)
+        work = engine.begin_verify(
+            VerifyRequest(session_id=session_id, n_past=len(session.tokens)), owner
+        )
+        (outcome,) = engine.run_batch([Slot(work, work.remaining)])
+        out += outcome.response.tokens
+    return out[:n]
+
+
+def test_a_prompt_sharing_a_prefix_evaluates_only_the_rest_and_answers_as_cold():
+    runtime, engine = build()
+    first, _ = open_session(engine, list(range(2, 30)))
+    decode(engine, first.session_id, 6)
+    engine.delete_session(first.session_id)
+    assert len(engine.sessions.cached_prefixes) == 1
+    prompt = [*range(2, 22), 40, 41, 42]  # 20 tokens in common, then other ones
+    before = runtime.decoded_tokens_total
+    second, work = open_session(engine, prompt)
+    assert second.cached_tokens == 20
+    assert work.session.decoded_tokens == len(prompt) - 1 - 20
+    assert runtime.decoded_tokens_total - before == len(prompt) - 1 - 20
+    assert decode(engine, second.session_id, 10) == runtime.reference_greedy(prompt, 10)
+    assert_consistent(runtime, engine)
+
+
+def test_the_next_turn_of_a_conversation_reuses_everything_committed():
+    runtime, engine = build()
+    first, _ = open_session(engine, list(range(2, 40)))
+    decode(engine, first.session_id, 12)
+    history = list(engine.session(first.session_id).tokens)
+    engine.delete_session(first.session_id)
+    turn = [*history, 50, 51, 52]
+    second, _ = open_session(engine, turn)
+    assert second.cached_tokens == len(history) - 1  # all but the never-evaluated last
+    assert decode(engine, second.session_id, 8) == runtime.reference_greedy(turn, 8)
+    assert_consistent(runtime, engine)
+
+
+def test_a_prompt_equal_to_a_cached_prefix_still_evaluates_its_last_token():
+    runtime, engine = build()
+    first, _ = open_session(engine, list(range(2, 20)))
+    engine.delete_session(first.session_id)
+    again, _ = open_session(engine, list(range(2, 19)))  # a prefix of what is cached
+    assert again.cached_tokens == 16
+    assert decode(engine, again.session_id, 5) == runtime.reference_greedy(range(2, 19), 5)
+    assert_consistent(runtime, engine)
+
+
+def test_another_api_key_reuses_nothing_and_short_matches_are_not_taken():
+    runtime, engine = build()
+    first, _ = open_session(engine, list(range(2, 30)), owner="alice")
+    engine.delete_session(first.session_id)
+    other, _ = open_session(engine, list(range(2, 30)), owner="mallory")
+    assert other.cached_tokens == 0
+    short, _ = open_session(engine, [2, 3, 4, 50, 51, 52], owner="alice")  # 3 < MIN_REUSE
+    assert short.cached_tokens == 0
+    assert len(engine.sessions.cached_prefixes) == 1  # alice's prefix is still there
+    assert decode(engine, other.session_id, 5, "mallory") == runtime.reference_greedy(
+        range(2, 30), 5
+    )
+    assert_consistent(runtime, engine)
+
+
+def test_a_cached_prefix_never_takes_a_live_sessions_slot():
+    runtime, engine = build(max_sessions=2)
+    live, _ = open_session(engine, list(range(2, 12)))
+    ended, _ = open_session(engine, list(range(20, 32)))
+    engine.delete_session(ended.session_id)
+    newcomer, _ = open_session(engine, list(range(40, 52)), owner="b")  # no match
+    assert newcomer.cached_tokens == 0
+    assert engine.sessions.dropped_prefixes == 1 and engine.sessions.evicted == 0
+    assert decode(engine, live.session_id, 6) == runtime.reference_greedy(range(2, 12), 6)
+    assert_consistent(runtime, engine)
+
+
+def test_expiry_and_the_end_of_a_generation_keep_the_prefix_eviction_does_not():
+    runtime, engine = build(max_sessions=2)
+    expired, _ = open_session(engine, list(range(2, 14)))
+    assert engine.expire_idle(-1.0) == [expired.session_id]
+    assert len(engine.sessions.cached_prefixes) == 1
+    discarded, _ = open_session(engine, list(range(30, 42)), owner="b")
+    engine.discard_session(discarded.session_id)
+    assert len(engine.sessions.cached_prefixes) == 2
+    for owner in ("c", "d", "e"):  # no free sequence: prefixes go first, then sessions
+        open_session(engine, [50, 51, 52, 53, 54], owner=owner)
+    assert engine.sessions.cached_prefixes == {} and engine.sessions.evicted == 1
+    assert_consistent(runtime, engine)
+
+
+def test_reuse_is_off_where_batches_change_logits():
+    runtime, engine = build(batch_noise=1e-3)
+    assert engine.sessions.min_reuse == 0 and engine.info().prefix_cache is False
+    first, _ = open_session(engine, list(range(2, 30)))
+    engine.delete_session(first.session_id)
+    again, _ = open_session(engine, list(range(2, 30)))
+    assert again.cached_tokens == 0
+    assert_consistent(runtime, engine)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
+    """Random sessions over a few shared prefixes, two keys, three sequences: every answer
+    is the cold one and every sequence holds what the table says, after every step."""
+    rng = random.Random(seed)
+    runtime, engine = build(max_sessions=3)
+    stems = [list(range(2, 12)), [*range(2, 8), 30, 31, 32, 33], list(range(20, 34))]
+    live: list[tuple[str, str, list[int]]] = []
+    reused = 0
+    for _ in range(80):
+        if live and rng.random() < 0.5:
+            session_id, owner, prompt = live.pop(rng.randrange(len(live)))
+            if engine.sessions.find(session_id) is not None:  # not evicted meanwhile
+                engine.delete_session(session_id)
+            continue
+        owner = rng.choice(["a", "b"])
+        prompt = rng.choice(stems)[: rng.randint(5, 14)] + [
+            rng.randrange(2, 64) for _ in range(rng.randint(1, 4))
+        ]
+        response, _ = open_session(engine, prompt, owner)
+        reused += response.cached_tokens
+        n = rng.randint(1, 6)
+        assert decode(engine, response.session_id, n, owner) == runtime.reference_greedy(prompt, n)
+        live.append((response.session_id, owner, prompt))
+        assert_consistent(runtime, engine)
+    assert reused > 0  # the scenario did exercise reuse
+
+
+def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
+    runtime = FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256)
+    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    report = engine.invariance
+    assert report.batch_invariant and not report.prefill_chunk_invariant
+    assert report.prefill_chunk_max_diff > 0
+    info = engine.info()
+    assert info.prefill_chunk_invariant is False and info.prefix_cache is False
+    assert engine.sessions.min_reuse == 0
+    plain = Engine(
+        FakeRuntime(n_batch=128, n_ctx_per_seq=256), max_draft=8, prefix_cache_min_tokens=4
+    )
+    assert plain.invariance.prefill_chunk_invariant and plain.info().prefix_cache
