@@ -32,7 +32,6 @@ PROBE_TEXT = (
     "depend on the batch: 3, 5, 8, 13, 21."
 )
 PROBE_ROUND = 9  # tokens compared: a round of k = 8
-PROBE_NEIGHBOUR = 5  # the other sequence's tokens in the shared batch
 PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
 
 
@@ -81,7 +80,7 @@ def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceRep
     # context, however small the server is configured.
     limit = min(runtime.n_batch, runtime.n_ctx_per_seq)
     ids = runtime.tokenize(PROBE_TEXT, add_special=True)[:limit]
-    n_round = min(PROBE_ROUND, len(ids) - 1)
+    n_round = min(PROBE_ROUND, len(ids) - 1, runtime.n_batch // 2)  # two rounds fit a batch
     context, probed = ids[:-n_round], ids[-n_round:]
 
     def fill(seq_id: int, tokens: list[int]) -> None:
@@ -99,18 +98,13 @@ def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceRep
         fill(seq_a, context)
         ways = [runtime.decode(round_entries(seq_a, probed, len(context)))]
         if seq_b is not None:
+            # seq_b = seq_a + 1 after seq_a, with as many rows: llama.cpp (kv_unified off)
+            # puts the two in one micro-batch only so.
             fill(seq_a, context)
-            neighbour = ids[: len(context) // 2 + 1]
-            fill(seq_b, neighbour)
-            extra = ids[len(neighbour) : len(neighbour) + PROBE_NEIGHBOUR]
-            rows = runtime.decode(
-                [
-                    *round_entries(seq_b, extra[:2], len(neighbour)),
-                    *round_entries(seq_a, probed, len(context)),
-                    *round_entries(seq_b, extra[2:], len(neighbour) + 2),
-                ]
-            )
-            ways.append(rows[2 : 2 + n_round])
+            fill(seq_b, context[::-1])
+            neighbour = round_entries(seq_b, probed[::-1], len(context))
+            rows = runtime.decode([*round_entries(seq_a, probed, len(context)), *neighbour])
+            ways.append(rows[:n_round])
         chunk_diff = _prompt_chunking(runtime, seq_a)
     finally:
         runtime.clear(seq_a)
@@ -124,12 +118,16 @@ def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceRep
 
 def _prompt_chunking(runtime: ProbeRuntime, seq_id: int) -> float:
     """The largest logit difference for a prompt's next token between the prompt
-    evaluated in one chunk and in two."""
-    limit = min(runtime.n_batch, runtime.n_ctx_per_seq, PROBE_PROMPT)
+    evaluated in one chunk and cut elsewhere. The cuts fall off any power-of-two grid:
+    kernels that work in tiles of rows agree with themselves when cuts fall on tiles."""
+    # One chunk as long as the scheduler's longest (up to PROBE_PROMPT), then the next token.
+    limit = min(runtime.n_batch, runtime.n_ctx_per_seq - 1, PROBE_PROMPT) + 1
     ids = runtime.tokenize(PROBE_TEXT * 8, add_special=True)[:limit]
     *prompt, last = ids
     rows = []
-    for cuts in ([len(prompt)], [len(prompt) // 2, len(prompt) - len(prompt) // 2]):
+    n = len(prompt)
+    odd = min(37, n // 2)
+    for cuts in ([n], [odd, n - odd], [n - 1, 1]):
         runtime.clear(seq_id)
         start = 0
         for n in cuts:
@@ -137,4 +135,4 @@ def _prompt_chunking(runtime: ProbeRuntime, seq_id: int) -> float:
             runtime.decode([BatchEntry(t, start + i, seq_id, False) for i, t in enumerate(chunk)])
             start += n
         rows.append(runtime.decode([BatchEntry(last, len(prompt), seq_id, True)])[0])
-    return float(np.max(np.abs(rows[0].astype(np.float64) - rows[1])))
+    return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])

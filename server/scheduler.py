@@ -311,17 +311,22 @@ class BatchScheduler:
             if work.session.seq_id in seq_ids:
                 continue  # one slice per session per batch: the next pass takes it
             n_tokens = work.remaining
-            if isinstance(work, PrefillWork):
-                # A prompt is always cut at the same places (multiples of n_batch), however
-                # busy the engine: a chunk's length can change its numbers (see
-                # server/invariance.py), and a prompt must answer the same under load.
+            prompt = isinstance(work, PrefillWork)
+            if prompt:
+                # A prompt is always cut at the same places (multiples of n_batch) and each
+                # chunk is decoded on its own, however busy the engine: a chunk's length can
+                # change its numbers (server/invariance.py), and llama.cpp would cut a
+                # chunk sharing a decode into micro-batches of its batch-mates' length.
                 n_tokens = min(n_tokens, n_batch - work.evaluated % n_batch)
+                if slots:
+                    budget = 0  # next pass, alone; keep arrival order
+                    continue
             if n_tokens > budget:
-                budget = 0  # a round or a chunk is decoded whole; keep arrival order
+                budget = 0  # a round is decoded whole; keep arrival order
                 continue
             slots.append((job, Slot(work, n_tokens)))
             seq_ids.add(work.session.seq_id)
-            budget -= n_tokens
+            budget = 0 if prompt else budget - n_tokens
         if not slots:
             return
         outcomes = self.engine.run_batch(

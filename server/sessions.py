@@ -163,7 +163,8 @@ class SessionTable:
             self._remove(best_seq, best_len)  # what differs from the prompt goes
         except Exception:
             log.exception("could not trim a cached prefix; evaluating the prompt whole")
-            self.unreserve(best_seq)
+            self._reserved.discard(best_seq)
+            self._free.append(best_seq)  # emptied by whoever reserves it next
             return None
         return best_seq, best_len
 

@@ -94,8 +94,12 @@ class ReferenceDecoder:
         }
 
     def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        # The engine's shapes too: the prompt but its last token in n_batch chunks, then
+        # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
-        self.llm.eval(prompt_ids)
+        if len(prompt_ids) > 1:
+            self.llm.eval(prompt_ids[:-1])
+        self.llm.eval(prompt_ids[-1:])
         out: list[int] = []
         while len(out) < max_tokens:
             token = self.llm.sample(temp=0.0)

@@ -446,3 +446,55 @@ def test_the_probe_decides_prompt_reuse_and_a_next_turn_answers_as_cold(client, 
     alone = generate(client, 12, prompt_tokens=turn)
     assert len(alone) >= 4 and got[: len(alone)] == alone
     engine.check_invariants()
+
+
+def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
+    """VERIFIER_N_BATCH=32: every chunk takes the short-batch kernels, the probe finds a
+    prompt's cuts irrelevant, reuse turns on, and a conversation's next turn evaluates only
+    what is new and answers exactly as a server without reuse."""
+    from fastapi.testclient import TestClient
+
+    from server.main import create_app
+    from server.settings import VerifierSettings
+    from tests.server.conftest import wait_healthy
+
+    def turns(prefix_cache: bool) -> tuple[list[int], dict, list[int]]:
+        settings = VerifierSettings(
+            model_path=verifier_model,
+            n_ctx=1024,
+            n_threads=1,
+            max_sessions=2,
+            max_draft=8,
+            n_batch=32,
+            prefix_cache=prefix_cache,
+        )
+        with TestClient(create_app(settings)) as test_client:
+            wait_healthy(test_client)
+            info = test_client.get("/info").json()
+            assert info["prefill_chunk_invariant"] is True
+            assert info["prefix_cache"] is prefix_cache
+            runtime = test_client.app.state.verifier.engine.runtime
+            first = prefill(test_client, prompt="A short story about a lighthouse keeper. " * 6)
+            n_past, history = first["total_tokens"], list(first["prompt_ids"])
+            for draft in ([], [28, 30], []):
+                step = verify(test_client, first, n_past, draft)
+                history += step["tokens"]
+                n_past = step["total_tokens"]
+            test_client.delete(f"/sessions/{first['session_id']}")
+            turn = [*history, *runtime.tokenize(" Then the storm came and", add_special=False)]
+            before = runtime.decoded_tokens_total
+            second = prefill(test_client, prompt_tokens=turn)
+            evaluated = runtime.decoded_tokens_total - before
+            got, n_past = [], second["total_tokens"]
+            while len(got) < 16:
+                step = verify(test_client, second, n_past, [])
+                got += step["tokens"]
+                n_past = step["total_tokens"]
+            return history, {**second, "evaluated": evaluated}, got
+
+    history, reused, with_reuse = turns(True)
+    _, cold, without = turns(False)
+    assert reused["cached_tokens"] == len(history) - 1 and cold["cached_tokens"] == 0
+    assert reused["evaluated"] == reused["prompt_len"] - len(history)
+    assert cold["evaluated"] == cold["prompt_len"] - 1
+    assert with_reuse == without

@@ -370,7 +370,7 @@ def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strat
     assert_consistent(runtime, engine)
 
 
-def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_its_batch_mates():
+def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_the_others():
     runtime, engine, scheduler = build(n_batch=16)
 
     async def scenario():
@@ -383,7 +383,7 @@ def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_its_batch_mate
             return any(e.seq_id == seq_of.get("long") and e.pos >= 16 for e in entries)
 
         runtime.fail_decode = second_chunk_of_the_long_prompt
-        # 24 tokens to evaluate: a chunk of 16, then 8 that share a batch with the round.
+        # 24 tokens to evaluate: a chunk of 16, then 8; each chunk is decoded on its own.
         long_prompt = scheduler.prefill(PrefillRequest(prompt="x" * 24))
         task = asyncio.ensure_future(long_prompt)
         await asyncio.sleep(0)
@@ -583,7 +583,7 @@ def test_the_probe_decides_lossless_when_logits_depend_on_the_batch():
     runtime = FakeRuntime(batch_noise=1e-3)
     engine = Engine(runtime, max_draft=MAX_DRAFT)
     assert not engine.invariance.batch_invariant
-    assert engine.invariance.max_abs_diff == pytest.approx(1e-3 * 13, rel=0.2)
+    assert engine.invariance.max_abs_diff == pytest.approx(1e-3 * 17, rel=0.1)  # 18 rows
     info = engine.info()
     assert info.batch_invariant is False and info.batch_max_diff > 0
     assert info.strategies["greedy"] is False and info.strategies["rejection"] is True

@@ -30,7 +30,7 @@ def open_session(engine: Engine, prompt_tokens: list[int], owner: str = "a"):
         PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False), owner=owner
     )
     while work.remaining:
-        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, 64))])
+        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, engine.runtime.n_batch))])
         assert outcome.error is None, outcome.error
     if not work.closed:  # a one-token prompt: nothing to evaluate
         (outcome,) = engine.run_batch([Slot(work, 0)])
@@ -180,3 +180,60 @@ def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
         FakeRuntime(n_batch=128, n_ctx_per_seq=256), max_draft=8, prefix_cache_min_tokens=4
     )
     assert plain.invariance.prefill_chunk_invariant and plain.info().prefix_cache
+
+
+def test_a_session_whose_cells_could_not_be_cleaned_is_never_cached():
+    runtime, engine = build()
+    session, _ = open_session(engine, list(range(2, 30)))
+    seq_id = engine.session(session.session_id).seq_id
+    real_remove = runtime.remove
+
+    def refuse_trims(seq, p0, p1=-1):  # a failed round cannot be trimmed away
+        if p0 != -1:
+            raise RuntimeError("llama_memory_seq_rm refused")
+        real_remove(seq, p0, p1)
+
+    runtime.remove = refuse_trims
+    runtime.fail_decode = lambda entries: True
+    work = engine.begin_verify(VerifyRequest(session_id=session.session_id, n_past=28), "a")
+    (outcome,) = engine.run_batch([Slot(work, work.remaining)])
+    runtime.remove, runtime.fail_decode = real_remove, None
+    assert outcome.error is not None
+    assert engine.sessions.find(session.session_id) is None  # ended cleanly, not cached
+    assert engine.sessions.cached_prefixes == {} and runtime.cells[seq_id] == []
+    assert_consistent(runtime, engine)
+
+
+def test_a_reused_prompt_is_cut_on_the_same_grid_as_a_cold_one():
+    """After a reuse of 20 tokens, the scheduler's chunks end where a cold prompt's do
+    (multiples of n_batch from position 0), each decoded on its own."""
+    import asyncio
+
+    from server.metrics import VerifierMetrics
+    from server.scheduler import BatchScheduler
+
+    runtime = FakeRuntime(n_batch=16)
+    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    scheduler = BatchScheduler(
+        engine, VerifierMetrics(4, 8), max_queue=8, session_ttl_s=600, start=False
+    )
+    first, _ = open_session(engine, list(range(2, 23)))  # 20 cells
+    engine.delete_session(first.session_id)
+    prompt = [*range(2, 22), *range(30, 62)]  # 20 shared, 52 in all: 51 to evaluate
+
+    async def scenario():
+        task = asyncio.ensure_future(
+            scheduler.prefill(PrefillRequest(prompt_tokens=prompt, add_bos=False), "a")
+        )
+        decodes = len(runtime.decodes)
+        while not task.done():
+            await asyncio.sleep(0)
+            scheduler.run_pass()
+        response = await task
+        cuts = [len(entries) for entries in runtime.decodes[decodes:]]
+        return response, cuts, [entries[0].pos for entries in runtime.decodes[decodes:]]
+
+    response, cuts, starts = asyncio.run(scenario())
+    assert response.cached_tokens == 20
+    assert cuts == [12, 16, 3] and starts == [20, 32, 48]
+    assert_consistent(runtime, engine)
