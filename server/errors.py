@@ -70,20 +70,31 @@ class UnsupportedSampling(APIError):
     error_type = "unsupported_sampling"
 
 
-class ModelNotReady(APIError):
+class Unavailable(APIError):
+    """503 with Retry-After: nothing was done, and sending the request again is safe."""
+
     status_code = 503
-    error_type = "model_loading"
-
-    def __init__(self, message: str = "the model is still loading"):
-        super().__init__(message, headers={"Retry-After": "1"})
-
-
-class ServerFull(APIError):
-    status_code = 503
-    error_type = "server_full"
 
     def __init__(self, message: str, retry_after_s: int = 1):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelNotReady(Unavailable):
+    error_type = "model_loading"
+
+    def __init__(self, message: str = "the model is still loading"):
+        super().__init__(message)
+
+
+class ServerFull(Unavailable):
+    error_type = "server_full"
+
+
+class EngineInterrupted(Unavailable):
+    """The engine's pass broke before this job was done; the job was undone, so sending it
+    again is safe (a round already answered is replayed)."""
+
+    error_type = "engine_interrupted"
 
 
 class DecodeFailed(APIError):
@@ -96,17 +107,6 @@ class DecodeFailed(APIError):
 class InternalError(APIError):
     status_code = 500
     error_type = "internal_error"
-
-
-class EngineInterrupted(APIError):
-    """The engine's pass broke before this job was done; the job was undone, so sending it
-    again is safe (a round already answered is replayed)."""
-
-    status_code = 503
-    error_type = "engine_interrupted"
-
-    def __init__(self, message: str):
-        super().__init__(message, headers={"Retry-After": "1"})
 
 
 def error_body(status_code: int, error_type: str, message: str) -> dict:

@@ -37,7 +37,7 @@ from typing import Any
 
 from server.checks import round_key
 from server.engine import Engine
-from server.errors import APIError, EngineInterrupted, InternalError, ServerFull
+from server.errors import APIError, EngineInterrupted, InternalError, ServerFull, Unavailable
 from server.jobs import PrefillWork, Slot, Work
 from server.metrics import VerifierMetrics
 from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
@@ -58,8 +58,11 @@ class _Job:
     queued_at: float = field(default_factory=time.perf_counter)
 
 
-class RoundAbandoned(ServerFull):
-    """The round's request went away before it reached the engine: nothing was done."""
+class RoundAbandoned(Unavailable):
+    """The round's request went away before it reached the engine: nothing was done (a
+    copy that joined it sends it again)."""
+
+    error_type = "round_abandoned"
 
 
 async def _result(future: Future) -> Any:
