@@ -184,12 +184,12 @@ class Engine:
         )
 
     def begin_verify(
-        self, request: VerifyRequest, owner: str | None = None
+        self, request: VerifyRequest, owner: str | None = None, key: tuple | None = None
     ) -> VerifyWork | VerifyResponse:
-        """The round's work, or, for a replay of the last round, its recorded answer."""
+        """The round's work, or a replay's recorded answer (`key`: its round_key, if known)."""
         began = time.perf_counter()  # engine_ms counts the checks too
         session = self.session(request.session_id, owner)
-        key = round_key(request)
+        key = key or round_key(request)
         if session.last_round_key == key and session.last_response is not None:
             return session.last_response
         if session.work is not None:

@@ -54,6 +54,7 @@ class _Job:
     request: Any = None
     owner: str = "anonymous"
     call: Callable[[], Any] | None = None  # engine work that needs no decode
+    round_key: tuple | None = None  # a verify job's, computed once
     work: Work | None = None
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -129,11 +130,13 @@ class BatchScheduler:
                 await _result(in_flight)  # another round of this session: after it
         try:
             if self.inline_rounds:
-                response = await self._verify_inline(request, owner)
+                response = await self._verify_inline(request, owner, this_round)
                 if response is not None:
                     future.set_result(response)
             if not future.done():
-                self._enqueue(_Job(future, request.session_id, request=request, owner=owner))
+                job = _Job(future, request.session_id, request=request, owner=owner)
+                job.round_key = this_round
+                self._enqueue(job)
         except BaseException as exc:
             if not future.done():  # the callers waiting on this round learn what happened
                 if not isinstance(exc, Exception):
@@ -208,7 +211,9 @@ class BatchScheduler:
             if self._rounds.get(key, (None, None))[1] is future:
                 del self._rounds[key]
 
-    async def _verify_inline(self, request: VerifyRequest, owner: str) -> VerifyResponse | None:
+    async def _verify_inline(
+        self, request: VerifyRequest, owner: str, key: tuple
+    ) -> VerifyResponse | None:
         """The round decoded here and now, or None when it must take the queue: other
         work is queued or running, or other rounds arrived with it (they batch)."""
         self._arriving += 1
@@ -222,14 +227,14 @@ class BatchScheduler:
             if not self._engine_lock.acquire(blocking=False):
                 return None
             try:
-                return self._verify_now(request, owner)
+                return self._verify_now(request, owner, key)
             finally:
                 self._engine_lock.release()
         finally:
             self._arriving -= 1
 
-    def _verify_now(self, request: VerifyRequest, owner: str) -> VerifyResponse:
-        work = self.engine.begin_verify(request, owner)
+    def _verify_now(self, request: VerifyRequest, owner: str, key: tuple) -> VerifyResponse:
+        work = self.engine.begin_verify(request, owner, key)
         if isinstance(work, VerifyResponse):  # a replay: answered without a decode
             return work
         try:
@@ -355,7 +360,7 @@ class BatchScheduler:
                 job.session_id = job.work.session.session_id
                 self.metrics.evicted_sessions.inc(self.engine.evicted_sessions - evicted)
                 return True
-            work = self.engine.begin_verify(job.request, job.owner)
+            work = self.engine.begin_verify(job.request, job.owner, job.round_key)
             if isinstance(work, VerifyResponse):  # a replay: answered without a decode
                 self._settle(job, lambda: work)
                 return False
