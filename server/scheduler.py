@@ -169,10 +169,7 @@ class BatchScheduler:
         with self._engine_lock:  # waits out a decode still running
             with self._wake:
                 left = list(self._queue)
-            for job in left:
-                if job.work is not None:
-                    self.engine.abandon(job.work)
-                self._fail(job, ServerFull("the verifier is shutting down"))
+            self._undo_and_fail(left, ServerFull("the verifier is shutting down"))
 
     def close(self) -> None:
         """Stop, then free the engine: never while a decode is using it."""
@@ -273,14 +270,18 @@ class BatchScheduler:
             self._step(jobs)
         except Exception as exc:  # never let the loop die: undo and fail what it held
             log.exception("scheduler step failed")
-            for job in jobs:
-                if job.work is not None:
-                    try:
-                        self.engine.abandon(job.work)
-                    except Exception:
-                        log.exception("could not undo a job")
-                # Undone, or never begun: sending it again is safe.
-                self._fail(job, EngineInterrupted(f"the engine's pass failed ({exc}); retry"))
+            # Undone, or never begun: sending it again is safe.
+            self._undo_and_fail(jobs, EngineInterrupted(f"the engine's pass failed ({exc}); retry"))
+
+    def _undo_and_fail(self, jobs: list[_Job], error: APIError) -> None:
+        """Undo every begun job still open, then fail each job not yet answered."""
+        for job in jobs:
+            if job.work is not None:
+                try:
+                    self.engine.abandon(job.work)
+                except Exception:
+                    log.exception("could not undo a job")
+            self._fail(job, error)
 
     def _busy_sessions(self) -> set[str]:
         with self._wake:
