@@ -240,6 +240,19 @@ def serve(
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
     verbose: VerboseOpt = False,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            min=1,
+            max=16,
+            help="generations at once, each its own draft sequence and verifier session",
+        ),
+    ] = 2,
+    queue: Annotated[
+        int,
+        typer.Option("--queue", min=0, help="requests waiting beyond --parallel; more get 429"),
+    ] = 8,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
     each request decoded speculatively against --server."""
@@ -260,7 +273,7 @@ def serve(
         ca_cert=ca_cert,
         verbose=verbose,
     )
-    run_server(options, host, port)
+    run_server(options, host, port, parallel=parallel, max_queue=queue)
 
 
 def main() -> None:

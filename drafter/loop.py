@@ -126,6 +126,7 @@ class SpeculativeLoop:
             result.prompt_ids = list(opened.prompt_ids)
             result.strategy, result.lossless = opened.strategy, opened.lossless
             stats.prompt_tokens = opened.prompt_len
+            stats.cached_prompt_tokens = opened.cached_tokens
             committed = list(opened.prompt_ids)
             lost_in_a_row = 0
             if sender is not None:

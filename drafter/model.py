@@ -20,12 +20,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from drafter.draft_context import DraftContext
 from drafter.errors import DraftModelError
 from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
-from server.runtime import BatchEntry, LlamaError, LlamaRuntime, supports_gpu_offload
+from server.runtime import LlamaError, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
 
-SEQ_ID = 0
 # Most tokens of q sent per draft position. Without top-k, q's support is the whole
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
 # exactly that cut q, which keeps rejection sampling lossless (server/sampling.py).
@@ -59,27 +59,49 @@ def default_gpu_layers() -> int:
 
 
 class DraftModel:
+    """One KV sequence of a draft context: a generation's drafts, and what its cache holds.
+
+    `DraftModel(path, ...)` loads a context of its own with one sequence; `serve` makes
+    one per concurrent generation on a shared context (`DraftModel.on(context, seq_id)`).
+    Between generations the cache is kept: the next prompt re-evaluates only from where
+    it parts from what is cached."""
+
     def __init__(
         self,
         model_path: str | Path,
         *,
         n_ctx: int,
+        n_seq: int = 1,
         n_gpu_layers: int | None = None,
         n_threads: int = 0,
         verbose: bool = False,
     ):
         try:
-            self.runtime = LlamaRuntime(
+            context = DraftContext.load(
                 model_path,
-                n_ctx_per_seq=n_ctx,
-                n_seq_max=1,
+                n_ctx=n_ctx,
+                n_seq=n_seq,
                 n_threads=n_threads,
                 n_gpu_layers=default_gpu_layers() if n_gpu_layers is None else n_gpu_layers,
                 verbose=verbose,
             )
         except (FileNotFoundError, LlamaError) as exc:
             raise DraftModelError(f"cannot load the draft model: {exc}") from exc
-        self.model_path = Path(model_path)
+        self._attach(context, 0, owns_context=True)
+
+    @classmethod
+    def on(cls, context: DraftContext, seq_id: int) -> DraftModel:
+        """Sequence `seq_id` of a context another DraftModel owns."""
+        model = cls.__new__(cls)
+        model._attach(context, seq_id, owns_context=False)
+        return model
+
+    def _attach(self, context: DraftContext, seq_id: int, *, owns_context: bool) -> None:
+        self.context = context
+        self.runtime = context.runtime
+        self.seq_id = seq_id
+        self._owns_context = owns_context
+        self.model_path = self.runtime.model_path
         self.name = self.runtime.metadata("general.name") or self.model_path.stem
         self._cached: list[int] = []  # tokens whose KV entries are in the cache
         self._last_logits: np.ndarray | None = None
@@ -90,6 +112,7 @@ class DraftModel:
         self.configure(DraftPolicy())
 
     def configure(self, policy: DraftPolicy) -> None:
+        """A new generation's policy. Seeded sampling decodes alone (see `reset`)."""
         self.policy = policy
         self._rng = np.random.default_rng(policy.seed)
         self._forget_chain()
@@ -173,17 +196,30 @@ class DraftModel:
         if tokens:
             self._sync(tokens)
 
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._cached)
+
+    @property
+    def decodes_alone(self) -> bool:
+        """Seeded sampling: the drafts (and through them the output) must not depend on
+        what else the context decodes, nor on how an earlier request filled the cache
+        (Q4_K kernels are not batch-invariant). So its sequence starts empty (`reset`) and
+        decodes on its own: a cold, deterministic fill. Other requests take any cache
+        and batch-mates: only speed is at stake for them, never the output."""
+        return self.policy.sample_drafts and self.policy.seed is not None
+
     def reset(self) -> None:
-        """Forget the cache. A new, unrelated prompt should start here: this model's
-        logits can depend on how its cache was filled (Q4_K kernels are not batch
-        invariant), and a seeded run must not depend on the request before it."""
-        self.runtime.clear_all()
+        """Forget this sequence's cache."""
+        self.context.remove(self.seq_id, -1)
         self._cached = []
         self._last_logits = None
+        self._logits_at = {}
         self._forget_chain()
 
     def close(self) -> None:
-        self.runtime.close()
+        if self._owns_context:
+            self.context.close()
 
     # -- the last drafted chain -------------------------------------------------------
 
@@ -227,17 +263,17 @@ class DraftModel:
         return self._evaluate(tokens[common:])
 
     def _truncate(self, length: int) -> None:
-        self.runtime.remove(SEQ_ID, length)
+        self.context.remove(self.seq_id, length)
         del self._cached[length:]
         self._logits_at = {p: v for p, v in self._logits_at.items() if p < length}
 
     def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
         start = len(self._cached)
-        if len(tokens) == 1:
-            entry = BatchEntry(token=tokens[0], pos=start, seq_id=SEQ_ID, want_logits=True)
-            logits = self.runtime.decode([entry])[0]
-        else:
-            logits = self.runtime.decode_sequence(SEQ_ID, tokens, start, logits="last")[0]
+        try:
+            logits = self.context.decode(self.seq_id, tokens, start, alone=self.decodes_alone)
+        except Exception:
+            self._truncate(start)  # the context dropped the cells: forget their logits too
+            raise
         self._cached.extend(tokens)
         self.decoded_tokens += len(tokens)
         self._last_logits = logits

@@ -7,6 +7,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
 class _Request(BaseModel):
     # OpenAI clients send fields we do not use (user, logit_bias...): accept, ignore.
     model_config = ConfigDict(extra="ignore")
@@ -18,12 +24,17 @@ class _Request(BaseModel):
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_Request):
@@ -43,10 +54,15 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # the verifier's reuse of an earlier prompt's prefix
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class SpeculativeFigures(BaseModel):
@@ -60,3 +76,5 @@ class SpeculativeFigures(BaseModel):
     acceptance_rate: float
     tokens_per_round: float
     recoveries: int
+    # Prompt tokens the draft model still had in its cache from an earlier request.
+    draft_cached_tokens: int = 0

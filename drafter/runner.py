@@ -91,9 +91,10 @@ def connect(options: RunOptions, max_retries: int | None = None) -> VerifierClie
 
 
 def load_checked_drafter(
-    client: VerifierClient, options: RunOptions
+    client: VerifierClient, options: RunOptions, n_seq: int = 1
 ) -> tuple[DraftModel, InfoResponse]:
-    """The draft model, refused unless its vocabulary is the verifier's; and /info."""
+    """The draft model (sequence 0 of a context of `n_seq`), refused unless its
+    vocabulary is the verifier's; and /info."""
     info = client.info()
     check_protocol(info)
     if options.draft_n != "auto" and options.draft_n > info.max_draft:
@@ -103,6 +104,7 @@ def load_checked_drafter(
     model = DraftModel(
         options.model,
         n_ctx=info.n_ctx + DRAFTER_CTX_MARGIN,
+        n_seq=n_seq,
         n_gpu_layers=options.n_gpu_layers,
         n_threads=options.threads,
         verbose=options.verbose,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 STATS_KEYS = (
     "prompt_tokens",
+    "cached_prompt_tokens",
     "generated_tokens",
     "rounds",
     "drafted",
@@ -33,6 +34,7 @@ STATS_KEYS = (
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of those, reused from the verifier's prefix cache
     generated_tokens: int = 0
     rounds: int = 0
     drafted: int = 0

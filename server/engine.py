@@ -72,8 +72,10 @@ class Engine:
         max_draft: int,
         model_name: str | None = None,
         prefix_cache_min_tokens: int = 0,
+        prompt_chunk: int = 0,
     ):
-        """`prefix_cache_min_tokens` > 0: reuse ended sessions' prefixes that long or more."""
+        """`prefix_cache_min_tokens` > 0: reuse ended sessions' prefixes that long or more;
+        `prompt_chunk`: a prompt's tokens per decode, 0 = see invariance.prompt_chunks."""
         if runtime.n_batch < max_draft + 1:
             raise ValueError(f"n_batch={runtime.n_batch} cannot hold a draft of {max_draft} + 1")
         self.runtime = runtime
@@ -82,19 +84,20 @@ class Engine:
         self.n_ctx = runtime.n_ctx_per_seq
         self.model_name = model_name or runtime.metadata("general.name") or runtime.model_path.stem
         self.vocab_hash = vocab_fingerprint(runtime.vocab_pieces())
-        # Before any session exists: the probe borrows the first two sequences.
-        self.invariance = invariance.probe(runtime, 0, 1 if runtime.n_seq_max > 1 else None)
+        chunks = invariance.prompt_chunks(
+            runtime.n_batch, prompt_chunk, prefix_cache_min_tokens > 0, max_draft + 1
+        )
+        # Before any session exists, the probe borrows the first two sequences.
+        self.invariance = invariance.probe(runtime, 0, 1 if runtime.n_seq_max > 1 else None, chunks)
+        self.prompt_chunk = self.invariance.prompt_chunk
         if not self.invariance.batch_invariant:
             log.warning(
-                "this build is NOT batch-invariant on this device: logits differ by up to %g "
-                "between batch shapes, so greedy output can differ from decoding one token "
-                "at a time; greedy sessions report lossless=false",
+                "NOT batch-invariant here (logits differ by up to %g between batch shapes): "
+                "greedy sessions report lossless=false",
                 self.invariance.max_abs_diff,
             )
-        probe = self.invariance
-        if prefix_cache_min_tokens and not (
-            probe.batch_invariant and probe.prefill_chunk_invariant
-        ):
+        exact = self.invariance.batch_invariant and self.invariance.prefill_chunk_invariant
+        if prefix_cache_min_tokens and not exact:
             # A prefix computed in other chunks would answer otherwise than a cold prompt.
             log.warning("prompt reuse is off: logits depend on how a prompt is cut here")
             prefix_cache_min_tokens = 0
@@ -129,6 +132,7 @@ class Engine:
             batch_max_diff=self.invariance.max_abs_diff,
             prefill_chunk_invariant=self.invariance.prefill_chunk_invariant,
             prefill_chunk_max_diff=self.invariance.prefill_chunk_max_diff,
+            prompt_chunk=self.prompt_chunk,
             prefix_cache=self.sessions.min_reuse > 0,
             strategies={s: self.lossless(s) for s in LOSSLESS},
         )

@@ -16,10 +16,13 @@ the kernel (llama.cpp's CPU build takes another path from 64 rows of one sequenc
 other numbers). So the probe also evaluates a longer prompt in one chunk and in two, and
 reports whether the next token's logits agree: the scheduler always cuts a prompt at the
 same places, so this decides only whether a cached prefix (cut elsewhere) may be reused.
+Given several chunk lengths, the probe tries them longest first and reports the first that
+passes: the engine then cuts prompts that short, and reuse is exact.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -33,6 +36,8 @@ PROBE_TEXT = (
 )
 PROBE_ROUND = 9  # tokens compared: a round of k = 8
 PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
+# Shorter prompt chunks tried when prompt reuse is wanted and n_batch is not exact.
+AUTO_PROMPT_CHUNKS = (48, 32, 16)
 
 
 class ProbeRuntime(Protocol):
@@ -54,6 +59,7 @@ class InvarianceReport:
     positions: int
     prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
     prefill_chunk_max_diff: float = 0.0
+    prompt_chunk: int = 0  # the chunk length those two describe
 
 
 def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
@@ -73,9 +79,24 @@ def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport
     )
 
 
-def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceReport:
+def prompt_chunks(n_batch: int, requested: int, reuse: bool, shortest: int) -> list[int]:
+    """Prompt chunk lengths to probe, the preferred first: `requested` (0 = n_batch); with
+    reuse wanted and nothing requested, shorter ones too, down to `shortest` (a round's
+    rows: a reused prefix holds rounds, which must take the kernels a chunk takes). Reuse
+    is exact only where a prompt's numbers do not depend on its cuts: short chunks cost a
+    cold prompt time and save every later turn of a conversation."""
+    first = min(requested or n_batch, n_batch)
+    if requested or not reuse:
+        return [first]
+    return [first, *(n for n in AUTO_PROMPT_CHUNKS if shortest <= n < first)]
+
+
+def probe(
+    runtime: ProbeRuntime, seq_a: int, seq_b: int | None, prompt_chunks: Sequence[int]
+) -> InvarianceReport:
     """Decode the probe three ways on empty sequences `seq_a` and `seq_b` (None: only one
-    sequence exists, the third way is skipped) and compare. Leaves both empty."""
+    sequence exists, the third way is skipped) and compare; then check prompt chunking at
+    each of `prompt_chunks` in turn until one passes. Leaves both sequences empty."""
     # Every batch fits n_batch (nothing is split into ubatches) and every sequence its
     # context, however small the server is configured.
     limit = min(runtime.n_batch, runtime.n_ctx_per_seq)
@@ -105,28 +126,40 @@ def probe(runtime: ProbeRuntime, seq_a: int, seq_b: int | None) -> InvarianceRep
             neighbour = round_entries(seq_b, probed[::-1], len(context))
             rows = runtime.decode([*round_entries(seq_a, probed, len(context)), *neighbour])
             ways.append(rows[:n_round])
-        chunk_diff = _prompt_chunking(runtime, seq_a)
+        # Shorter chunks are sought only for reuse, which needs invariant rounds anyway.
+        if not compare(one_at_a_time, ways).batch_invariant:
+            prompt_chunks = prompt_chunks[:1]
+        chunk_diffs = []
+        for prompt_chunk in prompt_chunks:
+            chunk_diffs.append(_prompt_chunking(runtime, seq_a, prompt_chunk))
+            if chunk_diffs[-1] == 0.0:
+                break
     finally:
         runtime.clear(seq_a)
         if seq_b is not None:
             runtime.clear(seq_b)
-    report = compare(one_at_a_time, ways)
+    # The passing length, or (none passing) the first, longest, with its difference.
+    chosen = len(chunk_diffs) - 1 if chunk_diffs[-1] == 0.0 else 0
     return replace(
-        report, prefill_chunk_invariant=chunk_diff == 0.0, prefill_chunk_max_diff=chunk_diff
+        compare(one_at_a_time, ways),
+        prefill_chunk_invariant=chunk_diffs[chosen] == 0.0,
+        prefill_chunk_max_diff=chunk_diffs[chosen],
+        prompt_chunk=prompt_chunks[chosen],
     )
 
 
-def _prompt_chunking(runtime: ProbeRuntime, seq_id: int) -> float:
+def _prompt_chunking(runtime: ProbeRuntime, seq_id: int, prompt_chunk: int) -> float:
     """The largest logit difference for a prompt's next token between the prompt
-    evaluated in one chunk and cut elsewhere. The cuts fall off any power-of-two grid:
-    kernels that work in tiles of rows agree with themselves when cuts fall on tiles."""
+    evaluated in one chunk of up to `prompt_chunk` tokens and cut elsewhere. The cuts fall
+    off any power-of-two grid: kernels that work in tiles of rows agree with themselves
+    when cuts fall on tiles."""
     # One chunk as long as the scheduler's longest (up to PROBE_PROMPT), then the next token.
-    limit = min(runtime.n_batch, runtime.n_ctx_per_seq - 1, PROBE_PROMPT) + 1
+    limit = min(prompt_chunk, runtime.n_batch, runtime.n_ctx_per_seq - 1, PROBE_PROMPT) + 1
     ids = runtime.tokenize(PROBE_TEXT * 8, add_special=True)[:limit]
     *prompt, last = ids
     rows = []
     n = len(prompt)
-    odd = min(37, n // 2)
+    odd = min(37, n // 2) | 1
     for cuts in ([n], [odd, n - odd], [n - 1, 1]):
         runtime.clear(seq_id)
         start = 0

@@ -43,6 +43,7 @@ def build_engine(settings: VerifierSettings) -> Engine:
         runtime,
         max_draft=settings.max_draft,
         prefix_cache_min_tokens=settings.prefix_cache_min_tokens if settings.prefix_cache else 0,
+        prompt_chunk=settings.prompt_chunk,
     )
 
 

@@ -173,6 +173,7 @@ class InfoResponse(ResponseModel):
         "one chunk and in two; prompt reuse is exact, so on, only if so",
     )
     prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
+    prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
     prefix_cache: bool = Field(
         False, description="whether ended sessions' prompts are kept and reused"
     )

@@ -300,7 +300,8 @@ class BatchScheduler:
 
     def _step(self, jobs: list[_Job]) -> None:
         """Decide one batch from the queue, in arrival order, and run it."""
-        budget = n_batch = self.engine.runtime.n_batch
+        budget = self.engine.runtime.n_batch
+        prompt_chunk = self.engine.prompt_chunk
         slots: list[tuple[_Job, Slot]] = []
         seq_ids: set[int] = set()
         touched: set[str] = set()  # sessions with work earlier in the queue
@@ -322,11 +323,12 @@ class BatchScheduler:
             n_tokens = work.remaining
             prompt = isinstance(work, PrefillWork)
             if prompt:
-                # A prompt is always cut at the same places (multiples of n_batch) and each
-                # chunk is decoded on its own, however busy the engine: a chunk's length can
-                # change its numbers (server/invariance.py), and llama.cpp would cut a
-                # chunk sharing a decode into micro-batches of its batch-mates' length.
-                n_tokens = min(n_tokens, n_batch - work.evaluated % n_batch)
+                # At most prompt_chunk tokens from where evaluation starts, each chunk decoded
+                # on its own however busy the engine (llama.cpp would cut a chunk sharing a
+                # decode into micro-batches of its batch-mates' length): a cold prompt is
+                # always cut at the same places, multiples of prompt_chunk. A reused prefix
+                # exists only where the probe found the cuts do not matter (engine.py).
+                n_tokens = min(n_tokens, prompt_chunk)
                 if slots:
                     budget = 0  # next pass, alone; keep arrival order
                     continue

@@ -34,6 +34,13 @@ class VerifierSettings(BaseSettings):
         description="keep an ended session's KV sequence as a prefix for the same API key's "
         "next prompt (only on a batch-invariant build: reuse must not change output)",
     )
+    prompt_chunk: int = Field(
+        0,
+        ge=0,
+        description="a prompt's tokens per decode; 0 = n_batch, or with prefix_cache on, the "
+        "longest length the startup probe finds exact (short chunks: slower cold prompts, "
+        "prompt reuse on where long ones would change the numbers)",
+    )
     prefix_cache_min_tokens: int = Field(
         16, ge=1, description="shortest common prefix worth reusing, in tokens"
     )

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
@@ -70,17 +71,17 @@ class ReferenceDecoder:
     """Greedy decoding with llama-cpp-python's high-level `Llama` and its own sampler.
 
     Independent of the engine's code, but in the engine's configuration (flash attention
-    on, same n_batch): see DESIGN.md, Numerics.
+    on, prompts cut where the engine cuts them): see DESIGN.md, Numerics.
     """
 
-    def __init__(self, model: Path):
+    def __init__(self, model: Path, prompt_chunk: int = 512):
         from llama_cpp import Llama
 
         self.llm = Llama(
             model_path=str(model),
             n_ctx=TEST_N_CTX,
-            n_batch=512,
-            n_ubatch=512,
+            n_batch=prompt_chunk,
+            n_ubatch=prompt_chunk,
             n_threads=TEST_THREADS,
             n_threads_batch=TEST_THREADS,
             flash_attn=True,
@@ -94,7 +95,7 @@ class ReferenceDecoder:
         }
 
     def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
-        # The engine's shapes too: the prompt but its last token in n_batch chunks, then
+        # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
         if len(prompt_ids) > 1:
@@ -111,5 +112,6 @@ class ReferenceDecoder:
 
 
 @pytest.fixture(scope="session")
-def reference(verifier_model: Path) -> ReferenceDecoder:
-    return ReferenceDecoder(verifier_model)
+def reference(verifier_model: Path, live_verifier: LiveVerifier) -> ReferenceDecoder:
+    info = httpx.get(f"{live_verifier.url}/info", timeout=30).json()
+    return ReferenceDecoder(verifier_model, info["prompt_chunk"])

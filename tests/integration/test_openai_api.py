@@ -174,6 +174,9 @@ def test_errors_have_the_openai_shape(local_api):
     assert bad.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="any", prompt="hi", n=2)
+    with pytest.raises(openai.BadRequestError) as too_long:  # refused before taking a slot
+        client.completions.create(model="any", prompt="word " * 1500, max_tokens=4)
+    assert too_long.value.body["code"] == "context_length_exceeded"
 
 
 def test_a_down_verifier_is_a_clear_error_not_a_hang():

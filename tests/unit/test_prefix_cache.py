@@ -29,8 +29,9 @@ def open_session(engine: Engine, prompt_tokens: list[int], owner: str = "a"):
     work = engine.begin_prefill(
         PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False), owner=owner
     )
-    while work.remaining:
-        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, engine.runtime.n_batch))])
+    while work.remaining:  # cut as the scheduler cuts: at multiples of prompt_chunk
+        n_tokens = engine.prompt_chunk - work.evaluated % engine.prompt_chunk
+        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, n_tokens))])
         assert outcome.error is None, outcome.error
     if not work.closed:  # a one-token prompt: nothing to evaluate
         (outcome,) = engine.run_batch([Slot(work, 0)])
@@ -169,17 +170,37 @@ def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
 
 def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
     runtime = FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256)
-    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, prompt_chunk=128)
     report = engine.invariance
     assert report.batch_invariant and not report.prefill_chunk_invariant
     assert report.prefill_chunk_max_diff > 0
     info = engine.info()
     assert info.prefill_chunk_invariant is False and info.prefix_cache is False
-    assert engine.sessions.min_reuse == 0
+    assert engine.sessions.min_reuse == 0 and info.prompt_chunk == 128
     plain = Engine(
         FakeRuntime(n_batch=128, n_ctx_per_seq=256), max_draft=8, prefix_cache_min_tokens=4
     )
     assert plain.invariance.prefill_chunk_invariant and plain.info().prefix_cache
+    assert plain.prompt_chunk == 128  # exact at n_batch: nothing shorter needed
+
+
+def test_with_reuse_wanted_the_probe_picks_a_prompt_chunk_short_enough_to_be_exact():
+    """Kernels that change from 32 rows on: prompts are cut into 16-token chunks, and a
+    reused prefix (filled by a long prompt, then by rounds) answers as a cold prompt."""
+    runtime = FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256)
+    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    info = engine.info()
+    assert info.prompt_chunk == 16 and info.prefill_chunk_invariant and info.prefix_cache
+    history = [2 + i % 60 for i in range(88)]
+    first, _ = open_session(engine, history)
+    answer = decode(engine, first.session_id, 9)
+    engine.delete_session(first.session_id)
+    prompt = [*history, *answer, 50, 51, 52]
+    second, _ = open_session(engine, prompt)
+    assert second.cached_tokens == 88 + 9 - 1  # all but the answer's pending last token
+    assert decode(engine, second.session_id, 8) == runtime.reference_greedy(prompt, 8)
+    without_reuse = Engine(FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256), max_draft=8)
+    assert without_reuse.prompt_chunk == 128  # no reuse: nothing to gain from short chunks
 
 
 def test_a_session_whose_cells_could_not_be_cleaned_is_never_cached():
@@ -204,9 +225,10 @@ def test_a_session_whose_cells_could_not_be_cleaned_is_never_cached():
     assert_consistent(runtime, engine)
 
 
-def test_a_reused_prompt_is_cut_on_the_same_grid_as_a_cold_one():
-    """After a reuse of 20 tokens, the scheduler's chunks end where a cold prompt's do
-    (multiples of n_batch from position 0), each decoded on its own."""
+def test_the_rest_of_a_reused_prompt_is_decoded_in_whole_chunks_each_on_its_own():
+    """After a reuse of 20 tokens, the scheduler decodes the rest in chunks of
+    prompt_chunk from there (reuse is on only where cuts do not change the numbers), and
+    the answer is the cold prompt's."""
     import asyncio
 
     from server.metrics import VerifierMetrics
@@ -229,11 +251,12 @@ def test_a_reused_prompt_is_cut_on_the_same_grid_as_a_cold_one():
         while not task.done():
             await asyncio.sleep(0)
             scheduler.run_pass()
-        response = await task
-        cuts = [len(entries) for entries in runtime.decodes[decodes:]]
-        return response, cuts, [entries[0].pos for entries in runtime.decodes[decodes:]]
+        return await task, runtime.decodes[decodes:]
 
-    response, cuts, starts = asyncio.run(scenario())
-    assert response.cached_tokens == 20
-    assert cuts == [12, 16, 3] and starts == [20, 32, 48]
+    response, chunks = asyncio.run(scenario())
+    cuts, starts = [len(c) for c in chunks], [c[0].pos for c in chunks]
+    assert response.cached_tokens == 20 and engine.prompt_chunk == 16
+    assert cuts == [16, 15] and starts == [20, 36]
+    assert all(len({e.seq_id for e in chunk}) == 1 for chunk in chunks)
     assert_consistent(runtime, engine)
+    assert decode(engine, response.session_id, 6) == runtime.reference_greedy(prompt, 6)

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""A multi-turn conversation replayed through `draft_token_generator serve`, as a chat
+app sends it (the whole history every turn): a table, not a test.
+
+A long first message, then short follow-ups. Per turn: prompt tokens, the tokens the
+verifier reused (`usage.prompt_tokens_details.cached_tokens`) and the draft model found
+in its own cache, time to first token, and tokens/s after it. Three verifier setups, one
+after the other in the same run:
+
+- reuse on: the default (prompt reuse, prompts cut short enough for it to be exact);
+- reuse off, same cuts: what reuse alone saves;
+- reuse off, n_batch cuts: `VERIFIER_PREFIX_CACHE=false`, a cold prompt's fastest path.
+
+Each setup also answers a short fresh prompt, the time to first token to compare with.
+Verifier and drafter are pinned to one core each (`taskset`), one thread per model.
+
+    python scripts/bench_chat.py
+    python scripts/bench_chat.py --turns 2 --max-tokens 16     # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
+from server.local import LocalVerifier, free_port  # noqa: E402
+
+# About 800 tokens of pasted text, then a question: the first message of the issue's trial.
+DOCUMENT = " ".join(
+    [
+        "The verifier keeps one key-value cache per session, so a round costs one pass over "
+        "the draft and the pending token whatever the length of the context. When a session "
+        "ends, its cache stays behind as a prefix that the same client's next prompt may "
+        "take up again, trimmed to the tokens the two have in common."
+    ]
+    * 12
+)
+TURNS = [
+    f"Here are my notes:\n\n{DOCUMENT}\n\nSummarise them in two sentences.",
+    "Shorter, please.",
+    "What does the second sentence mean?",
+    "Thanks. One more time, in plain words.",
+]
+FRESH = "Say hello."
+SETUPS = {
+    "reuse on": {},
+    "reuse off, same cuts": {"PREFIX_CACHE": "false", "PROMPT_CHUNK": "{chunk}"},
+    "reuse off, n_batch cuts": {"PREFIX_CACHE": "false"},
+}
+
+
+def pin(core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+class Serve:
+    """`draft_token_generator serve` in a subprocess, waited for."""
+
+    def __init__(self, verifier_url: str, core: int | None, threads: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        script = Path(sys.executable).parent / "draft_token_generator"
+        self.process = subprocess.Popen(
+            [
+                *pin(core),
+                str(script),
+                "serve",
+                "--server",
+                verifier_url,
+                "--port",
+                str(self.port),
+                "--threads",
+                str(threads),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/models").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("serve did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def ask(url: str, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed chat turn: its text, usage, and times."""
+    body = {
+        "model": "any",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    began = time.perf_counter()
+    first = None
+    text, usage, speculative = [], {}, {}
+    with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                content = choice.get("delta", {}).get("content")
+                if content:
+                    first = first or time.perf_counter()
+                    text.append(content)
+            usage = chunk.get("usage") or usage
+            speculative = chunk.get("speculative") or speculative
+    done = time.perf_counter()
+    first = first or done
+    completion = usage["completion_tokens"]
+    return {
+        "text": "".join(text),
+        "prompt_tokens": usage["prompt_tokens"],
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        "draft_cached_tokens": speculative.get("draft_cached_tokens", 0),
+        "ttft_s": first - began,
+        "tokens_per_s": (completion - 1) / (done - first) if done > first else 0.0,
+    }
+
+
+def run_setup(name: str, env: dict, args) -> tuple[list[dict], dict]:
+    """The conversation and a fresh prompt through one verifier setup; and its /info."""
+    verifier = LocalVerifier(
+        {
+            "VERIFIER_MODEL_PATH": str(args.verifier_model),
+            "VERIFIER_N_THREADS": "1",
+            "VERIFIER_N_CTX": "2048",
+            **{f"VERIFIER_{k}": v for k, v in env.items()},
+        },
+        command_prefix=pin(args.verifier_core),
+    )
+    try:
+        verifier.wait_ready(timeout=300)
+        info = httpx.get(f"{verifier.url}/info").json()
+        serve = Serve(verifier.url, args.drafter_core, threads=1)
+        try:
+            rows = []
+            messages: list[dict] = []
+            for i, question in enumerate(TURNS[: args.turns], start=1):
+                messages.append({"role": "user", "content": question})
+                row = ask(serve.url, messages, args.max_tokens)
+                messages.append({"role": "assistant", "content": row["text"]})
+                rows.append({"setup": name, "turn": str(i), **row})
+                print(f"  {name}: turn {i} ttft {row['ttft_s']:.2f} s", file=sys.stderr)
+            fresh = ask(serve.url, [{"role": "user", "content": FRESH}], args.max_tokens)
+            rows.append({"setup": name, "turn": "fresh", **fresh})
+            return rows, info
+        finally:
+            serve.stop()
+    finally:
+        verifier.stop()
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| setup | turn | prompt tokens | verifier cached | drafter cached | TTFT s | tok/s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setup']} | {r['turn']} | {r['prompt_tokens']} | {r['cached_tokens']} | "
+            f"{r['draft_cached_tokens']} | {r['ttft_s']:.2f} | {r['tokens_per_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=len(TURNS), choices=range(1, 5))
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--verifier-model", type=Path, default=DEFAULT_VERIFIER_MODEL)
+    parser.add_argument("--drafter-model", type=Path, default=DEFAULT_DRAFTER_MODEL)
+    parser.add_argument("--verifier-core", type=int, default=1)
+    parser.add_argument("--drafter-core", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DRAFTER_MODEL", str(args.drafter_model))
+    rows: list[dict] = []
+    chunk = None
+    for name, env in SETUPS.items():
+        env = {k: v.format(chunk=chunk) for k, v in env.items()}
+        print(f"{name} ({env or 'defaults'})", file=sys.stderr)
+        setup_rows, info = run_setup(name, env, args)
+        rows += setup_rows
+        chunk = chunk or info["prompt_chunk"]  # the default's, for the same-cuts setup
+        print(f"  prompt_chunk {info['prompt_chunk']}", file=sys.stderr)
+    print(table(rows))
+    # Reuse must not change a token where prompts are cut alike; n_batch cuts are other
+    # numbers (server/invariance.py), so that setup's text may differ.
+    same_cuts = [r for r in rows if r["setup"] != "reuse off, n_batch cuts"]
+    texts: dict[str, set[str]] = {}
+    for r in same_cuts:
+        texts.setdefault(r["turn"], set()).add(r["text"])
+    print(
+        f"\nreuse on and off (same cuts) gave the same text every turn: "
+        f"{all(len(t) == 1 for t in texts.values())}"
+    )
+
+
+if __name__ == "__main__":
+    main()
