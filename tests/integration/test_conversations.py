@@ -171,10 +171,12 @@ def test_requests_at_once_each_get_what_they_get_alone(exact, api_with_reuse):
 def test_a_client_that_leaves_ends_its_generation_and_frees_its_verifier_session(
     live_verifier,
 ):
-    """One slot, no queue: while a round is held at the proxy the generation is surely
-    running; /health and /v1/models answer, another request gets 429; the client closes
-    its stream, and the held round is the last: the session is deleted."""
+    """One slot, no queue. Two rounds pass the proxy and the third is held: the
+    generation is surely running; /health and /v1/models answer, another request gets
+    429. The client closes its stream after its first chunks, and the held round is the
+    last: the session is deleted."""
     proxy = GatedVerifier(live_verifier.url)
+    proxy.allow(2)
     api = LocalAPI(proxy.url, "--parallel", "1", "--queue", "0")
     base = api.url.removesuffix("/v1")
     body = {
@@ -187,7 +189,9 @@ def test_a_client_that_leaves_ends_its_generation_and_frees_its_verifier_session
     try:
         with httpx.stream("POST", f"{api.url}/chat/completions", json=body, timeout=120) as r:
             assert r.status_code == 200
-            assert proxy.verify_held.wait(120), "the first round never reached the verifier"
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            assert proxy.verify_held.wait(120), "the third round never reached the verifier"
             health = httpx.get(f"{base}/health", timeout=30).json()
             assert health["running"] == 1 and health["waiting"] == 0
             assert httpx.get(f"{api.url}/models", timeout=30).status_code == 200
@@ -197,12 +201,12 @@ def test_a_client_that_leaves_ends_its_generation_and_frees_its_verifier_session
             assert refused.status_code == 429
             assert int(refused.headers["Retry-After"]) > 0
             assert refused.json()["error"]["code"] == "queue_full"
-        # The stream is closed with its first round still held.
+        # The stream is closed with its third round still held.
         until(lambda: httpx.get(f"{base}/health").json()["stopping"] == 1, "stop noticed")
-        proxy.gate.set()
+        proxy.open()
         until(lambda: proxy.count("DELETE", "/sessions/") == 1, "session deleted")
         until(lambda: httpx.get(f"{base}/health").json()["running"] == 0, "slot freed")
-        assert proxy.count("POST", "/verify") == 1  # no round after the client left
+        assert proxy.count("POST", "/verify") == 3  # no round after the client left
         assert all(status < 300 for _, _, status in proxy.passed)
     finally:
         api.stop()
