@@ -113,7 +113,13 @@ GpuLayersOpt = Annotated[
     ),
 ]
 ThreadsOpt = Annotated[
-    int, typer.Option("--threads", min=0, envvar="DRAFTER_THREADS", help="CPU threads (0 = all)")
+    int,
+    typer.Option(
+        "--threads",
+        min=0,
+        envvar="DRAFTER_THREADS",
+        help="CPU threads (0 = the cores this process may use)",
+    ),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.1, help="seconds per request")]
 BaselineOpt = Annotated[
@@ -152,6 +158,40 @@ app = typer.Typer(
     add_completion=False,
     help="Speculative decoding with a local draft model and a remote verifier.",
 )
+
+
+def _run_options(
+    *,
+    server: str,
+    model: Path,
+    draft_n: str,
+    drafter: DrafterChoice,
+    pipeline: bool | None,
+    p_min: float,
+    n_gpu_layers: int | None,
+    threads: int,
+    timeout: float,
+    api_key: str | None,
+    ca_cert: Path | None,
+    verbose: bool,
+    **per_command,
+) -> RunOptions:
+    """The options both commands share, and each command's own."""
+    return RunOptions(
+        server=server,
+        model=model,
+        draft_n=_draft_n(draft_n),
+        drafter=drafter.value,
+        pipeline=pipeline,
+        p_min=p_min,
+        n_gpu_layers=n_gpu_layers,
+        threads=threads,
+        timeout=timeout,
+        api_key=api_key,
+        ca_cert=ca_cert,
+        verbose=verbose,
+        **per_command,
+    )
 
 
 @app.callback(invoke_without_command=True)
@@ -193,28 +233,28 @@ def generate(
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     except ValidationError as exc:
         raise typer.BadParameter(exc.errors()[0]["msg"]) from None
-    options = RunOptions(
+    options = _run_options(
+        server=server,
+        model=model,
+        draft_n=draft_n,
+        drafter=drafter,
+        pipeline=pipeline,
+        p_min=p_min,
+        n_gpu_layers=n_gpu_layers,
+        threads=threads,
+        timeout=timeout,
         api_key=api_key,
         ca_cert=ca_cert,
+        verbose=verbose,
+        prompt=prompt,
+        chat=chat,
+        system=system,
+        max_tokens=max_tokens,
+        baseline=baseline,
         retries=retries,
         sampling=sampling,
         strategy=strategy.value if strategy else None,
         threshold=threshold,
-        server=server,
-        model=model,
-        prompt=prompt,
-        chat=chat,
-        system=system,
-        draft_n=_draft_n(draft_n),
-        drafter=drafter.value,
-        pipeline=pipeline,
-        p_min=p_min,
-        max_tokens=max_tokens,
-        n_gpu_layers=n_gpu_layers,
-        threads=threads,
-        timeout=timeout,
-        baseline=baseline,
-        verbose=verbose,
     )
     renderer = JsonRenderer() if output is OutputFormat.json else TextRenderer()
     try:
@@ -258,12 +298,11 @@ def serve(
     each request decoded speculatively against --server."""
     from drafter.openai_server import serve as run_server
 
-    options = RunOptions(
+    options = _run_options(
         server=server,
         model=model,
-        prompt="",
-        draft_n=_draft_n(draft_n),
-        drafter=drafter.value,
+        draft_n=draft_n,
+        drafter=drafter,
         pipeline=pipeline,
         p_min=p_min,
         n_gpu_layers=n_gpu_layers,
@@ -272,6 +311,7 @@ def serve(
         api_key=api_key,
         ca_cert=ca_cert,
         verbose=verbose,
+        prompt="",
     )
     run_server(options, host, port, parallel=parallel, max_queue=queue)
 

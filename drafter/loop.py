@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -35,20 +35,21 @@ MAX_RECOVERIES_IN_A_ROW = 3
 PIPELINE_SWITCH_INTERVAL_S = 0.0002
 
 
-class Draft(Protocol):
+class Draft(NamedTuple):
+    """What a drafter proposes for one round."""
+
     tokens: list[int]
-    probs: Sequence[np.ndarray] | None  # q per position, sent when drafts were sampled
-    reused: int  # leading tokens drafted while the previous round was in flight
+    probs: Sequence[np.ndarray] | None  # q per position (dense), when drafts were sampled
+    reused: int = 0  # leading tokens drafted while the previous round was in flight
 
 
 class CandidateGenerator(Protocol):
+    """Shaped like HF transformers' CandidateGenerator, without its learning hook: what a
+    round's answer teaches (the next k) is the loop's DraftLength."""
+
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
     ) -> Draft: ...
-
-    def update_candidate_strategy(
-        self, draft_tokens: Sequence[int], accepted_prefix_len: int
-    ) -> None: ...
 
     # Optional: `warm(prefill)` evaluates the prompt ahead of the first draft; the
     # pipelined loop calls it while the verifier prefills (see SpeculativeLoop._open).
@@ -188,7 +189,6 @@ class SpeculativeLoop:
                 stats.round_trip_s += round_trip_s
                 stats.verifier_time_s += verdict.timings.engine_ms / 1000.0
                 stats.generated_tokens = len(result.tokens)
-                self.drafter.update_candidate_strategy(draft_tokens, verdict.accepted_prefix_len)
                 self.draft_length.update(len(draft_tokens), verdict.accepted_prefix_len)
                 yield RoundEvent(
                     draft_tokens=draft_tokens,

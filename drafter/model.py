@@ -1,7 +1,6 @@
 """The local draft model: proposes the next k tokens with its own KV cache.
 
-Shaped like HF transformers' CandidateGenerator: `get_candidates` drafts,
-`update_candidate_strategy` learns from the verifier's answer. The KV cache follows the
+A CandidateGenerator (drafter/loop.py): `get_candidates` drafts. The KV cache follows the
 committed tokens by longest common prefix, so after each round only the rejected drafts
 are dropped and only new tokens (the target's token, at most one unevaluated draft) are
 evaluated.
@@ -16,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from drafter.draft_context import DraftContext
 from drafter.errors import DraftModelError
+from drafter.loop import Draft
 from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
 from server.runtime import LlamaError, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
@@ -45,12 +44,6 @@ class DraftPolicy:
     # Stop drafting where the model's own probability of its draft falls below p_min
     # (llama.cpp's speculative p_min); 0 drafts all k.
     p_min: float = 0.0
-
-
-class Draft(NamedTuple):
-    tokens: list[int]
-    probs: list[np.ndarray] | None  # q per position (dense), when drafts were sampled
-    reused: int = 0  # leading tokens taken from the chain drafted ahead
 
 
 def default_gpu_layers() -> int:
@@ -178,11 +171,6 @@ class DraftModel:
             list(zip(draft_tokens, draft_probs, strict=True)),
         )
         return Draft(draft_tokens, draft_probs if sampled else None, reused)
-
-    def update_candidate_strategy(
-        self, draft_tokens: Sequence[int], accepted_prefix_len: int
-    ) -> None:
-        """Nothing to learn here: the draft length is the loop's (drafter/draft_length.py)."""
 
     def warm(self, prefill: PrefillRequest) -> None:
         """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call

@@ -10,20 +10,15 @@ its input: editing code, rewriting text, quoting.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numpy as np
+
+from drafter.loop import Draft
 
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
 # How far back to search: bounds the cost per round on long contexts.
 DEFAULT_WINDOW = 4096
-
-
-class Draft(NamedTuple):
-    tokens: list[int]
-    probs: list[np.ndarray] | None
-    reused: int = 0
 
 
 def lookup(
@@ -76,9 +71,6 @@ class NgramDrafter:
         tokens = lookup(committed, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
         return Draft(tokens, [self._point_mass(t) for t in tokens] if self.sample_drafts else None)
 
-    def update_candidate_strategy(self, draft_tokens: Sequence[int], accepted: int) -> None:
-        pass
-
     def _point_mass(self, token: int) -> np.ndarray:
         q = np.zeros(self.n_vocab, dtype=np.float32)
         q[token] = 1.0
@@ -99,9 +91,6 @@ class ModelWithNgram:
         if found.tokens:
             return found
         return self.model.get_candidates(committed, k, stop)
-
-    def update_candidate_strategy(self, draft_tokens: Sequence[int], accepted: int) -> None:
-        self.model.update_candidate_strategy(draft_tokens, accepted)
 
     def warm(self, prefill) -> None:
         self.model.warm(prefill)

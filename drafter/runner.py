@@ -23,6 +23,7 @@ from server.protocol import (
     PrefillRequest,
     SamplingParams,
     Strategy,
+    strategy_for,
 )
 
 # The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
@@ -57,7 +58,7 @@ class RunOptions:
 
     @property
     def effective_strategy(self) -> Strategy:
-        return self.strategy or ("greedy" if self.sampling.greedy else "rejection")
+        return strategy_for(self.strategy, self.sampling)
 
     @property
     def use_pipeline(self) -> bool:

@@ -13,7 +13,7 @@ from server.errors import (
     NPastMismatch,
     UnsupportedSampling,
 )
-from server.protocol import PrefillRequest, Strategy, VerifyRequest
+from server.protocol import PrefillRequest, Strategy, VerifyRequest, strategy_for
 
 # How far a row of draft_probs may sum from 1 (the drafter sends float32-derived values).
 PROBS_SUM_TOLERANCE = 1e-3
@@ -30,7 +30,7 @@ def round_key(request: VerifyRequest) -> tuple:
 def resolve_strategy(request: PrefillRequest) -> Strategy:
     """The session's verification strategy: asked for, or the natural one."""
     greedy = request.sampling.greedy
-    strategy = request.strategy or ("greedy" if greedy else "rejection")
+    strategy = strategy_for(request.strategy, request.sampling)
     if strategy == "greedy" and not greedy:
         raise UnsupportedSampling("strategy 'greedy' needs temperature 0")
     if strategy != "greedy" and greedy:

@@ -198,6 +198,12 @@ class ErrorBody(ResponseModel):
     error: ErrorDetail
 
 
+def strategy_for(strategy: Strategy | None, sampling: SamplingParams) -> Strategy:
+    """The strategy asked for, or the natural one for the sampling: greedy at temperature
+    0, else rejection sampling. One rule for the drafter and the verifier."""
+    return strategy or ("greedy" if sampling.greedy else "rejection")
+
+
 def vocab_fingerprint(pieces: Iterable[bytes]) -> str:
     """Hash of a vocabulary: every token's raw text, in id order.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,15 @@ class BatchEntry:
     want_logits: bool
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's
+    limit), not the machine's count, nor llama.cpp's fixed default."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity API
+        return os.cpu_count() or 1
+
+
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
@@ -91,9 +101,7 @@ class LlamaRuntime:
         ctx_params.kv_unified = False
         ctx_params.n_batch = n_batch
         ctx_params.n_ubatch = n_batch
-        if n_threads > 0:
-            ctx_params.n_threads = n_threads
-            ctx_params.n_threads_batch = n_threads
+        ctx_params.n_threads = ctx_params.n_threads_batch = n_threads or usable_cores()
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if flash_attn
@@ -108,6 +116,7 @@ class LlamaRuntime:
         self.n_seq_max = n_seq_max
         self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.n_threads = int(llama_cpp.llama_n_threads(self._ctx))
         self.flash_attn = flash_attn
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.decoded_tokens_total = 0

@@ -17,7 +17,9 @@ class VerifierSettings(BaseSettings):
     n_gpu_layers: int = Field(
         0, ge=-1, description="layers offloaded to the GPU (-1 = all); 0 on a CPU-only build"
     )
-    n_threads: int = Field(0, ge=0, description="CPU threads for decoding (0 = all cores)")
+    n_threads: int = Field(
+        0, ge=0, description="CPU threads for decoding (0 = the cores this process may use)"
+    )
     n_batch: int = Field(512, ge=16, description="largest number of tokens in one llama_decode")
     max_sessions: int = Field(8, ge=1, le=256, description="sessions held at once (KV sequences)")
     max_draft: int = Field(16, ge=0, le=256, description="longest draft accepted by /verify")

@@ -8,8 +8,7 @@ import pytest
 
 from drafter.draft_length import AdaptiveLength
 from drafter.errors import VerifierRejected
-from drafter.loop import SpeculativeLoop
-from drafter.model import Draft
+from drafter.loop import Draft, SpeculativeLoop
 from server.acceptance import accept_greedy
 from server.protocol import (
     PrefillRequest,
@@ -90,7 +89,6 @@ class NoisyDrafter:
         self.verifier = verifier
         self.wrong_every = wrong_every
         self.calls = 0
-        self.updates: list[tuple[list[int], int]] = []
 
     def get_candidates(self, committed: Sequence[int], k: int, stop=None) -> Draft:
         draft: list[int] = []
@@ -103,9 +101,6 @@ class NoisyDrafter:
             draft.append(token)
             context.append(token)
         return Draft(draft, None)
-
-    def update_candidate_strategy(self, draft_tokens, accepted_prefix_len) -> None:
-        self.updates.append((list(draft_tokens), accepted_prefix_len))
 
 
 def target_alone(prompt: list[int], n: int, verifier: FakeVerifier) -> list[int]:
@@ -139,7 +134,6 @@ def test_output_equals_target_alone(draft_n, wrong_every):
     assert result.stats.drafted == sum(len(e.draft_tokens) for e in events)
     assert result.stats.accepted == sum(e.accepted_prefix_len for e in events)
     assert verifier.deleted == ["s1"]
-    assert len(drafter.updates) == len(events)
 
 
 def test_perfect_drafter_commits_k_plus_one_per_round():

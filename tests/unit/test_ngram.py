@@ -52,9 +52,6 @@ class CountingModel:
         self.calls += 1
         return NgramDrafter(10).get_candidates([], 0)._replace(tokens=[3] * k)
 
-    def update_candidate_strategy(self, draft_tokens, accepted):
-        pass
-
 
 def test_model_with_ngram_asks_the_model_only_without_a_match():
     model = CountingModel()

@@ -1,0 +1,28 @@
+"""`n_threads = 0` means the cores this process may use (not llama.cpp's fixed default),
+on both sides: the verifier's runtime and the drafter's, which is the same class."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from server.runtime import LlamaRuntime, usable_cores
+from tests.fixtures.tiny_gguf import write_tiny_gguf
+
+
+@pytest.mark.parametrize("asked", [0, 1])
+def test_zero_threads_means_the_usable_cores(tmp_path, asked):
+    runtime = LlamaRuntime(
+        write_tiny_gguf(tmp_path / "tiny.gguf"), n_ctx_per_seq=64, n_threads=asked
+    )
+    try:
+        assert runtime.n_threads == (asked or usable_cores())
+    finally:
+        runtime.close()
+
+
+def test_usable_cores_follow_the_affinity():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity API on this platform")
+    assert usable_cores() == len(os.sched_getaffinity(0)) >= 1
