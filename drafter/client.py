@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from drafter.errors import VerifierRejected, VerifierUnavailable
 from drafter.http1 import Connection, Reply, StaleConnection, header_lines
 from server.protocol import (
+    SESSION_ID_HEADER,
     GenerateRequest,
     GenerateResponse,
     InfoResponse,
@@ -32,6 +33,7 @@ from server.protocol import (
 R = TypeVar("R", bound=BaseModel)
 
 USER_AGENT = "draft_token_generator/0.1"
+ROUTING_LINE = SESSION_ID_HEADER.encode() + b": %s\r\n"
 JSON_BODY_HEADERS = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 # Full, loading, or a balancer between us and a verifier that is restarting. A 500 is a
 # failure the verifier says will not go away (decode_failed, internal_error): not retried.
@@ -90,16 +92,16 @@ class VerifierClient:
         return self._call("GET", "/info", None, InfoResponse)
 
     def prefill(self, request: PrefillRequest) -> PrefillResponse:
-        return self._call("POST", "/prefill", request, PrefillResponse)
+        return self._call("POST", "/prefill", request, PrefillResponse, request.session_id)
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return self._call("POST", "/verify", request, VerifyResponse)
+        return self._call("POST", "/verify", request, VerifyResponse, request.session_id)
 
     def generate(self, request: GenerateRequest) -> GenerateResponse:
         return self._call("POST", "/generate", request, GenerateResponse)
 
     def delete_session(self, session_id: str) -> None:
-        self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None)
+        self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None, session_id)
 
     def close(self) -> None:
         self._conn.close()
@@ -116,11 +118,14 @@ class VerifierClient:
         path: str,
         body: BaseModel | None,
         response_type: type[R] | None,
+        session_id: str | None = None,
         attempt: int = 0,
     ) -> R | None:
+        """`session_id` goes in the X-Session-Id header too: a balancer routes by it."""
         content = body.model_dump_json(exclude_none=True).encode() if body is not None else None
+        routing = b"" if session_id is None else ROUTING_LINE % session_id.encode()
         try:
-            reply = self._exchange(method, path, content)
+            reply = self._exchange(method, path, content, routing)
         except OSError as exc:
             # Lost on the way, or the verifier is restarting. Retrying is safe: a replayed
             # /verify gets its recorded answer, a lost session a 404 the loop recovers from.
@@ -128,7 +133,7 @@ class VerifierClient:
             retryable = not isinstance(exc, ssl.SSLCertVerificationError)
             if retryable and attempt < self.max_retries:
                 self._pause(attempt, None)
-                return self._call(method, path, body, response_type, attempt + 1)
+                return self._call(method, path, body, response_type, session_id, attempt + 1)
             what = "timed out" if isinstance(exc, TimeoutError) else "cannot be reached"
             raise VerifierUnavailable(
                 f"the verifier at {self.base_url} {what} after {attempt + 1} tries "
@@ -137,7 +142,7 @@ class VerifierClient:
         if reply.status in RETRY_STATUSES and attempt < self.max_retries:
             # The round was not committed, so sending it again is safe.
             self._pause(attempt, reply.header("retry-after"))
-            return self._call(method, path, body, response_type, attempt + 1)
+            return self._call(method, path, body, response_type, session_id, attempt + 1)
         if reply.status >= 400:
             raise _rejection(reply)
         if response_type is None:
@@ -150,17 +155,18 @@ class VerifierClient:
                 f"not understand: {exc.errors()[0]['msg']}"
             ) from exc
 
-    def _exchange(self, method: str, path: str, content: bytes | None) -> Reply:
+    def _exchange(self, method: str, path: str, content: bytes | None, extra: bytes) -> Reply:
         reused = self._conn.is_open
         try:
-            return self._send(method, path, content)
+            return self._send(method, path, content, extra)
         except STALE_CONNECTION:
             if not reused:
                 raise
-        return self._send(method, path, content)  # once more, on a new connection
+        return self._send(method, path, content, extra)  # once more, on a new connection
 
-    def _send(self, method: str, path: str, content: bytes | None) -> Reply:
+    def _send(self, method: str, path: str, content: bytes | None, extra: bytes) -> Reply:
         message = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode() + self._header_lines
+        message += extra
         if content is None:
             message += b"\r\n"
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -109,6 +110,10 @@ class SpeculativeLoop:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
         result = self.result = SpeculativeResult()
         stats = result.stats
+        if prefill.session_id is None:
+            # Ours to choose, so that a balancer can route the session by it, and a
+            # recovery re-opens it under the same id (on whichever replica now has it).
+            prefill = prefill.model_copy(update={"session_id": uuid.uuid4().hex})
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         switch_interval = sys.getswitchinterval()
@@ -213,8 +218,8 @@ class SpeculativeLoop:
         so its first draft does not wait for that on top of the verifier's."""
         warm = getattr(self.drafter, "warm", None)
         if sender is None or warm is None:
-            return self.verifier.prefill(prefill)
-        in_flight: Future = sender.submit(self.verifier.prefill, prefill)
+            return self._prefill(prefill)
+        in_flight: Future = sender.submit(self._prefill, prefill)
         # A drafter that cannot take the prompt fails again at its first draft, with the
         # session open and closed by the loop; until then the prefill is what matters.
         with contextlib.suppress(Exception):
@@ -237,8 +242,19 @@ class SpeculativeLoop:
             self.drafter.get_candidates(ahead, k + 1, stop=in_flight.done)
         return in_flight.result()
 
+    def _prefill(self, request: PrefillRequest) -> PrefillResponse:
+        try:
+            return self.verifier.prefill(request)
+        except VerifierRejected as exc:
+            if exc.error_type != "session_exists":
+                raise
+        # The id is our own random one: a prefill retried after its answer was lost has
+        # opened it already. That session is dropped and opened again, once.
+        self._close_session(request.session_id)
+        return self.verifier.prefill(request)
+
     def _reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
-        reopened = self.verifier.prefill(
+        reopened = self._prefill(
             prefill.model_copy(
                 update={"prompt": None, "prompt_tokens": list(committed), "add_bos": False}
             )

@@ -3,6 +3,7 @@ error the client gets, before anything is touched."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from server.errors import (
@@ -11,9 +12,17 @@ from server.errors import (
     InvalidDraftProbs,
     InvalidToken,
     NPastMismatch,
+    SessionIdMismatch,
     UnsupportedSampling,
 )
-from server.protocol import PrefillRequest, Strategy, VerifyRequest, strategy_for
+from server.protocol import (
+    SESSION_ID_HEADER,
+    SESSION_ID_PATTERN,
+    PrefillRequest,
+    Strategy,
+    VerifyRequest,
+    strategy_for,
+)
 
 # How far a row of draft_probs may sum from 1 (the drafter sends float32-derived values).
 PROBS_SUM_TOLERANCE = 1e-3
@@ -38,6 +47,20 @@ def resolve_strategy(request: PrefillRequest) -> Strategy:
     if strategy == "threshold" and request.threshold is None:
         raise UnsupportedSampling("strategy 'threshold' needs a threshold in (0, 1]")
     return strategy
+
+
+def session_id_named(header: str | None, named: str | None) -> str | None:
+    """The session a request names (body or path), which its X-Session-Id header, a
+    balancer's routing key, must repeat; a /prefill naming none takes the header's."""
+    if header is None or header == named:
+        return named
+    if named is not None:
+        raise SessionIdMismatch(
+            f"{SESSION_ID_HEADER} {header!r} names another session than the request's {named!r}"
+        )
+    if not re.fullmatch(SESSION_ID_PATTERN, header):
+        raise SessionIdMismatch(f"{SESSION_ID_HEADER} {header!r} is not a valid session id")
+    return header
 
 
 def check_token_ids(ids: Sequence[int], n_vocab: int, where: str) -> None:

@@ -171,9 +171,12 @@ class Engine:
         evicted to make room."""
         strategy = resolve_strategy(request)
         prompt_ids = self.prompt_ids(request)
+        session_id = request.session_id or uuid.uuid4().hex
+        self.sessions.check_new_id(session_id)  # before anything is evicted for it
         seq_id, reused = self.sessions.reserve(keep, owner, prompt_ids)
+        self.sessions.claim(seq_id, session_id)
         session = Session(
-            session_id=uuid.uuid4().hex,
+            session_id=session_id,
             seq_id=seq_id,
             tokens=list(prompt_ids),
             prompt_len=len(prompt_ids),

@@ -46,6 +46,15 @@ class SessionBusy(APIError):
     error_type = "session_busy"
 
 
+class SessionExists(APIError):
+    status_code = 409
+    error_type = "session_exists"
+
+
+class SessionIdMismatch(APIError):
+    error_type = "session_id_mismatch"
+
+
 class InvalidToken(APIError):
     error_type = "invalid_token"
 

@@ -18,6 +18,10 @@ PROTOCOL_VERSION = 1
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**31)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Strategy = Literal["greedy", "rejection", "match", "threshold"]
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
+# Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
+# balancer can hash it without reading the body (see deploy/ and the README).
+SESSION_ID_HEADER = "X-Session-Id"
 # Which strategies keep the output distributed exactly as the verifier's own.
 LOSSLESS: dict[str, bool] = {"greedy": True, "rejection": True, "match": True, "threshold": False}
 # Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
@@ -72,6 +76,14 @@ class PrefillRequest(PromptInput):
     )
     threshold: float | None = Field(
         None, gt=0.0, le=1.0, description="with strategy=threshold: accept when p(x) >= this"
+    )
+    session_id: str | None = Field(
+        None,
+        pattern=SESSION_ID_PATTERN,
+        description="the new session's id, chosen by the client (8 to 64 letters, digits, "
+        "'-' or '_'; a random UUID, say) so that a balancer can route every request of the "
+        "session by its X-Session-Id header; 409 session_exists if one has it. Without it "
+        "the server chooses",
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import ServerFull, SessionBusy, SessionNotFound
+from server.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.protocol import SamplingParams, Strategy, VerifyResponse
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class SessionTable:
         self.min_reuse = min_reuse
         self._live: OrderedDict[str, Session] = OrderedDict()
         self._reserved: set[int] = set()  # prefills in progress
+        self._opening: dict[int, str] = {}  # their session ids, by seq id
         self._cached: OrderedDict[int, CachedPrefix] = OrderedDict()
         self._free = list(range(max_sessions - 1, -1, -1))
         self.evicted = 0
@@ -168,14 +169,27 @@ class SessionTable:
             return None
         return best_seq, best_len
 
+    def check_new_id(self, session_id: str) -> None:
+        """Refused (SessionExists) when a live session or another prefill has this id,
+        whoever owns it: ids are a client's random choice, so a clash is a retry of its
+        own prefill, or a mistake."""
+        if session_id in self._live or session_id in self._opening.values():
+            raise SessionExists(f"session {session_id!r} exists already")
+
+    def claim(self, seq_id: int, session_id: str) -> None:
+        """The id a reserved sequence's session will have (checked by check_new_id)."""
+        self._opening[seq_id] = session_id
+
     def unreserve(self, seq_id: int) -> None:
         """A prefill that will not finish gives its sequence back, emptied."""
+        self._opening.pop(seq_id, None)
         self._reserved.discard(seq_id)
         self._free_seq(seq_id)
 
     def activate(self, session: Session) -> None:
         """A prefill that finished: its reserved sequence becomes a live session."""
         self._reserved.remove(session.seq_id)
+        self._opening.pop(session.seq_id, None)
         self._live[session.session_id] = session
 
     def delete(self, session_id: str, owner: str | None = None) -> None:
@@ -229,6 +243,8 @@ class SessionTable:
                 f"reserved={sorted(self._reserved)} live={sorted(live)} "
                 f"cached={sorted(self._cached)}"
             )
+        if not set(self._opening) <= self._reserved:
+            raise AssertionError(f"ids claimed for unreserved sequences: {self._opening}")
 
     def _release(self, session: Session, keep_prefix: bool = False) -> None:
         self._live.pop(session.session_id, None)

@@ -16,14 +16,16 @@ import logging
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from server.checks import session_id_named
 from server.errors import APIError, describe_validation, send_error, send_json
 from server.metrics import RequestMetricsMiddleware
 from server.paths import route_path
-from server.protocol import VerifyRequest, VerifyResponse
+from server.protocol import SESSION_ID_HEADER, VerifyRequest, VerifyResponse
 from server.security import ApiKeys, GuardMiddleware
 from server.state import AppState, scheduler_of
 
 PATH = "/verify"
+ROUTING_HEADER = SESSION_ID_HEADER.lower().encode()
 log = logging.getLogger(__name__)
 
 
@@ -72,6 +74,7 @@ async def verify_lane(scope, receive, send) -> None:
     try:
         state: AppState = scope["app"].state.verifier
         request = VerifyRequest.model_validate_json(body)
+        session_id_named(_header(scope, ROUTING_HEADER), request.session_id)
         response = await verify_round(state, request, owner)
     except ValidationError as exc:
         return await send_error(send, *describe_validation(exc.errors()))
@@ -83,6 +86,13 @@ async def verify_lane(scope, receive, send) -> None:
         return await send_error(send, 500, "internal_error", f"{type(exc).__name__}: {exc}")
     await send_json(send, 200, response.model_dump_json().encode())
     record_round(state, request, response)  # after the answer is on its way
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 async def _read_body(receive) -> bytes | None:

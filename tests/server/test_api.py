@@ -498,3 +498,38 @@ def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
     assert reused["evaluated"] == reused["prompt_len"] - len(history)
     assert cold["evaluated"] == cold["prompt_len"] - 1
     assert with_reuse == without
+
+
+def test_a_client_chosen_session_id_routes_every_request_of_the_session(client):
+    """The id goes in the body and in X-Session-Id (a balancer hashes the header); a live
+    id cannot be opened twice; header and body must agree."""
+    session_id = "c0ffee00-0000-4000-8000-000000000001"
+    routed = {"X-Session-Id": session_id}
+    response = client.post("/prefill", json={"prompt": PROMPT, "session_id": session_id})
+    assert response.status_code == 200, response.text
+    session = response.json()
+    assert session["session_id"] == session_id
+    again = client.post("/prefill", json={"prompt": PROMPT, "session_id": session_id})
+    assert_error(again, 409, "session_exists")
+    round_ = {"session_id": session_id, "n_past": session["total_tokens"], "draft_tokens": []}
+    assert client.post("/verify", json=round_, headers=routed).status_code == 200
+    wrong = {"X-Session-Id": "another-session-0002"}
+    assert_error(client.post("/verify", json=round_, headers=wrong), 400, "session_id_mismatch")
+    assert_error(
+        client.delete(f"/sessions/{session_id}", headers=wrong), 400, "session_id_mismatch"
+    )
+    assert client.delete(f"/sessions/{session_id}", headers=routed).status_code == 204
+    # The header alone names the new session (curl users can route without the body).
+    by_header = client.post("/prefill", json={"prompt": PROMPT}, headers=routed).json()
+    assert by_header["session_id"] == session_id
+    client.delete(f"/sessions/{session_id}")
+    # Without either the server chooses, as before.
+    assert prefill(client)["session_id"] != session_id
+
+
+@pytest.mark.parametrize("bad", ["short", "has space in it", "x" * 65, "-leading-dash"])
+def test_a_session_id_that_is_not_a_token_is_refused(client, bad):
+    response = client.post("/prefill", json={"prompt": PROMPT, "session_id": bad})
+    assert "session_id" in assert_error(response, 422, "invalid_request")["message"]
+    header_only = client.post("/prefill", json={"prompt": PROMPT}, headers={"X-Session-Id": bad})
+    assert_error(header_only, 400, "session_id_mismatch")

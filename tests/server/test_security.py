@@ -152,3 +152,21 @@ def test_a_replayed_round_gets_the_same_answer_and_changes_nothing(secure):
     assert stale.status_code == 409
     assert stale.headers["x-total-tokens"] == str(following.json()["total_tokens"])
     assert f"total_tokens={following.json()['total_tokens']}" in stale.json()["error"]["message"]
+
+
+def test_a_forged_session_id_header_of_another_keys_session_gets_404(secure):
+    """X-Session-Id routes a request at a balancer; it opens nothing at the verifier."""
+    session_id = "victim-session-0001"
+    opened = secure.post(
+        "/prefill", json={"prompt": "Hello", "session_id": session_id}, headers=bearer(KEY_A)
+    ).json()
+    assert opened["session_id"] == session_id
+    forged = {**bearer(KEY_B), "X-Session-Id": session_id}
+    round_ = {"session_id": session_id, "n_past": opened["total_tokens"]}
+    other = secure.post("/verify", json=round_, headers=forged)
+    assert other.status_code == 404
+    assert other.json()["error"]["type"] == "session_not_found"
+    assert secure.delete(f"/sessions/{session_id}", headers=forged).status_code == 404
+    mine = {**bearer(KEY_A), "X-Session-Id": session_id}
+    assert secure.post("/verify", json=round_, headers=mine).status_code == 200
+    assert secure.delete(f"/sessions/{session_id}", headers=mine).status_code == 204

@@ -1,5 +1,6 @@
 """The speculative loop against a fake verifier and fake drafters (no model, no HTTP)."""
 
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from drafter.errors import VerifierRejected
 from drafter.loop import Draft, SpeculativeLoop
 from server.acceptance import accept_greedy
 from server.protocol import (
+    SESSION_ID_PATTERN,
     PrefillRequest,
     PrefillResponse,
     RoundTimings,
@@ -225,6 +227,55 @@ def test_lost_session_is_reopened_from_the_committed_tokens():
     assert result.stats.recoveries == 2
     assert verifier.reopened[0] == [4, 2, *result.tokens][: len(verifier.reopened[0])]
     assert verifier.deleted == ["s2"]
+
+
+def test_the_drafter_names_its_session_and_a_recovery_reopens_the_same_id():
+    """A balancer routes by the id: the recovery must ask for the session it lost."""
+
+    class Recording(ForgetfulVerifier):
+        def __init__(self):
+            super().__init__({2})
+            self.asked: list[str | None] = []
+
+        def prefill(self, request):
+            self.asked.append(request.session_id)
+            return super().prefill(request)
+
+    verifier, other = Recording(), Recording()
+    for v in (verifier, other):
+        _, result = run(SpeculativeLoop(NoisyDrafter(v, 3), v, draft_n=3, n_ctx=10_000), [4, 2], 12)
+        assert result.stats.recoveries == 1
+    first, again = verifier.asked
+    assert re.fullmatch(SESSION_ID_PATTERN, first) and again == first
+    assert other.asked[0] != first  # each generation its own id
+
+
+def test_a_prefill_whose_answer_was_lost_is_opened_again_under_its_id():
+    """A retried prefill finds its id taken by its own first attempt: that session goes,
+    and the prefill is made once more."""
+
+    class Retried(FakeVerifier):
+        def __init__(self):
+            super().__init__()
+            self.open_ids: set[str] = set()
+
+        def prefill(self, request):
+            if request.session_id in self.open_ids:
+                raise VerifierRejected(409, "session_exists", "exists already")
+            self.open_ids.add(request.session_id)
+            if len(self.open_ids) == 1 and not self.deleted:  # the first answer is lost
+                raise VerifierRejected(409, "session_exists", "exists already")
+            return super().prefill(request)
+
+        def delete_session(self, session_id):
+            self.open_ids.discard(session_id)
+            super().delete_session(session_id)
+
+    verifier = Retried()
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 3), verifier, draft_n=3, n_ctx=10_000)
+    _, result = run(loop, [4, 2], 10)
+    assert result.tokens == target_alone([4, 2], 10, FakeVerifier())
+    assert len(verifier.deleted) == 2  # the stray first session, then ours at the end
 
 
 def test_context_overflow_from_the_verifier_ends_cleanly():
