@@ -160,38 +160,30 @@ app = typer.Typer(
 )
 
 
-def _run_options(
-    *,
-    server: str,
-    model: Path,
-    draft_n: str,
-    drafter: DrafterChoice,
-    pipeline: bool | None,
-    p_min: float,
-    n_gpu_layers: int | None,
-    threads: int,
-    timeout: float,
-    api_key: str | None,
-    ca_cert: Path | None,
-    verbose: bool,
-    **per_command,
-) -> RunOptions:
-    """The options both commands share, and each command's own."""
-    return RunOptions(
-        server=server,
-        model=model,
-        draft_n=_draft_n(draft_n),
-        drafter=drafter.value,
-        pipeline=pipeline,
-        p_min=p_min,
-        n_gpu_layers=n_gpu_layers,
-        threads=threads,
-        timeout=timeout,
-        api_key=api_key,
-        ca_cert=ca_cert,
-        verbose=verbose,
-        **per_command,
-    )
+# Options both commands take, passed to RunOptions as they are named.
+SHARED_OPTIONS = (
+    "server",
+    "model",
+    "draft_n",
+    "drafter",
+    "pipeline",
+    "p_min",
+    "n_gpu_layers",
+    "threads",
+    "timeout",
+    "api_key",
+    "ca_cert",
+    "verbose",
+)
+
+
+def _run_options(command_args: dict, **per_command) -> RunOptions:
+    """RunOptions from a command's arguments (its `locals()`): the shared ones by name,
+    then the command's own."""
+    shared = {name: command_args[name] for name in SHARED_OPTIONS}
+    shared["draft_n"] = _draft_n(shared["draft_n"])
+    shared["drafter"] = shared["drafter"].value
+    return RunOptions(**shared, **per_command)
 
 
 @app.callback(invoke_without_command=True)
@@ -234,18 +226,7 @@ def generate(
     except ValidationError as exc:
         raise typer.BadParameter(exc.errors()[0]["msg"]) from None
     options = _run_options(
-        server=server,
-        model=model,
-        draft_n=draft_n,
-        drafter=drafter,
-        pipeline=pipeline,
-        p_min=p_min,
-        n_gpu_layers=n_gpu_layers,
-        threads=threads,
-        timeout=timeout,
-        api_key=api_key,
-        ca_cert=ca_cert,
-        verbose=verbose,
+        locals(),
         prompt=prompt,
         chat=chat,
         system=system,
@@ -299,18 +280,7 @@ def serve(
     from drafter.openai_server import serve as run_server
 
     options = _run_options(
-        server=server,
-        model=model,
-        draft_n=draft_n,
-        drafter=drafter,
-        pipeline=pipeline,
-        p_min=p_min,
-        n_gpu_layers=n_gpu_layers,
-        threads=threads,
-        timeout=timeout,
-        api_key=api_key,
-        ca_cert=ca_cert,
-        verbose=verbose,
+        locals(),
         prompt="",
     )
     run_server(options, host, port, parallel=parallel, max_queue=queue)

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
-from server.local import LocalVerifier, free_port  # noqa: E402
+from server.local import LocalServe, LocalVerifier  # noqa: E402
 
 # About 800 tokens of pasted text, then a question: the first message of the issue's trial.
 DOCUMENT = " ".join(
@@ -65,43 +64,6 @@ def pin(core: int | None) -> list[str]:
     if core is None or shutil.which("taskset") is None:
         return []
     return ["taskset", "-c", str(core)]
-
-
-class Serve:
-    """`draft_token_generator serve` in a subprocess, waited for."""
-
-    def __init__(self, verifier_url: str, core: int | None, threads: int):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        script = Path(sys.executable).parent / "draft_token_generator"
-        self.process = subprocess.Popen(
-            [
-                *pin(core),
-                str(script),
-                "serve",
-                "--server",
-                verifier_url,
-                "--port",
-                str(self.port),
-                "--threads",
-                str(threads),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/models").status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("serve did not start")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
 
 
 def ask(url: str, messages: list[dict], max_tokens: int) -> dict:
@@ -157,7 +119,7 @@ def run_setup(name: str, env: dict, args) -> tuple[list[dict], dict]:
     try:
         verifier.wait_ready(timeout=300)
         info = httpx.get(f"{verifier.url}/info").json()
-        serve = Serve(verifier.url, args.drafter_core, threads=1)
+        serve = LocalServe(verifier.url, threads=1, command_prefix=pin(args.drafter_core))
         try:
             rows = []
             messages: list[dict] = []

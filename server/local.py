@@ -21,6 +21,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM (a graceful stop), then SIGKILL if it has not ended in 15 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class LocalVerifier:
     def __init__(
         self,
@@ -86,12 +96,7 @@ class LocalVerifier:
         raise RuntimeError(f"verifier not ready in {timeout}s: {self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
         self._log.close()
 
     def __enter__(self) -> LocalVerifier:
@@ -104,3 +109,62 @@ class LocalVerifier:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LocalServe:
+    """`draft_token_generator serve` (the drafter's OpenAI endpoint) in a subprocess on
+    127.0.0.1, waited for (GET /v1/models); its log in a file (a pipe nobody reads would
+    fill up and stop it)."""
+
+    def __init__(
+        self,
+        verifier_url: str,
+        *extra_args: str,
+        threads: int = 1,
+        command_prefix: Sequence[str] = (),
+        timeout: float = 60.0,
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        script = Path(sys.executable).parent / "draft_token_generator"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                *command_prefix,
+                str(script),
+                "serve",
+                "--server",
+                verifier_url,
+                "--port",
+                str(self.port),
+                "--threads",
+                str(threads),
+                *extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._answers("/v1/models"):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the local OpenAI server did not start")
+
+    def _answers(self, path: str) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> str:
+        """Stops it; returns its log."""
+        stop_process(self.process)
+        self._log.close()
+        return self.log_path.read_text()

@@ -2,63 +2,24 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from server.local import free_port
+from server.local import LocalServe
 from tests.conftest import TEST_THREADS
 
 pytestmark = pytest.mark.integration
 
 
-class LocalAPI:
+class LocalAPI(LocalServe):
     def __init__(self, verifier_url: str, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        script = Path(sys.executable).parent / "draft_token_generator"
-        self.process = subprocess.Popen(
-            [
-                str(script),
-                "serve",
-                "--server",
-                verifier_url,
-                "--port",
-                str(self.port),
-                "--threads",
-                str(TEST_THREADS),
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/models").status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("the local OpenAI server did not start")
+        super().__init__(verifier_url, *extra, threads=TEST_THREADS)
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=120)
-
-    def stop(self) -> str:
-        self.process.terminate()
-        try:
-            _, err = self.process.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, err = self.process.communicate()
-        return err
 
 
 @pytest.fixture(scope="module")
