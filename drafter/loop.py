@@ -105,15 +105,17 @@ class SpeculativeLoop:
         self.n_ctx = n_ctx
         self.pipeline = pipeline
         self.result = SpeculativeResult()
+        self._chosen_id: str | None = None
 
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
         result = self.result = SpeculativeResult()
         stats = result.stats
-        if prefill.session_id is None:
-            # Ours to choose, so that a balancer can route the session by it, and a
-            # recovery re-opens it under the same id (on whichever replica now has it).
-            prefill = prefill.model_copy(update={"session_id": uuid.uuid4().hex})
+        # Ours to choose (random: ids are one space for every key), so that a balancer
+        # can route the session by it, and a recovery re-opens it under the same id (on
+        # whichever replica now has it).
+        self._chosen_id = uuid.uuid4().hex
+        prefill = prefill.model_copy(update={"session_id": self._chosen_id})
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         switch_interval = sys.getswitchinterval()
@@ -244,14 +246,22 @@ class SpeculativeLoop:
 
     def _prefill(self, request: PrefillRequest) -> PrefillResponse:
         try:
-            return self.verifier.prefill(request)
+            opened = self.verifier.prefill(request)
         except VerifierRejected as exc:
-            if exc.error_type != "session_exists":
+            if exc.error_type != "session_exists" or request.session_id != self._chosen_id:
                 raise
-        # The id is our own random one: a prefill retried after its answer was lost has
-        # opened it already. That session is dropped and opened again, once.
-        self._close_session(request.session_id)
-        return self.verifier.prefill(request)
+            # The id is our own random one: a prefill retried after its answer was lost
+            # has opened it already. That session is dropped and opened again, once.
+            self._close_session(request.session_id)
+            opened = self.verifier.prefill(request)
+        if opened.session_id != request.session_id:
+            raise VerifierRejected(
+                502,
+                "protocol_error",
+                f"asked for session {request.session_id!r}, "
+                f"the verifier opened {opened.session_id!r}",
+            )
+        return opened
 
     def _reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
         reopened = self._prefill(

@@ -49,6 +49,14 @@ def resolve_strategy(request: PrefillRequest) -> Strategy:
     return strategy
 
 
+def routing_header(values: Sequence[str]) -> str | None:
+    """The X-Session-Id header's value; more than one is refused (balancers differ on
+    which they hash)."""
+    if len(values) > 1:
+        raise SessionIdMismatch(f"{len(values)} {SESSION_ID_HEADER} headers; send one")
+    return values[0] if values else None
+
+
 def session_id_named(header: str | None, named: str | None) -> str | None:
     """The session a request names (body or path), which its X-Session-Id header, a
     balancer's routing key, must repeat; a /prefill naming none takes the header's."""

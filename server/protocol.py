@@ -12,15 +12,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: client-chosen session ids, X-Session-Id
 
 # Strict: "1", 1.0 or true are not token ids; a client that sends them has a bug.
 TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**31)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Strategy = Literal["greedy", "rejection", "match", "threshold"]
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{7,63}$"
+# Long enough to be a random choice (a UUID; 22 is 128 bits in base64): ids are one space
+# for every key, so a guessable one could be taken or probed (409) by another.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{21,63}$"
 # Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
-# balancer can hash it without reading the body (see deploy/ and the README).
+# balancer can hash it without reading the body (see the README's protocol section).
 SESSION_ID_HEADER = "X-Session-Id"
 # Which strategies keep the output distributed exactly as the verifier's own.
 LOSSLESS: dict[str, bool] = {"greedy": True, "rejection": True, "match": True, "threshold": False}
@@ -80,10 +82,10 @@ class PrefillRequest(PromptInput):
     session_id: str | None = Field(
         None,
         pattern=SESSION_ID_PATTERN,
-        description="the new session's id, chosen by the client (8 to 64 letters, digits, "
-        "'-' or '_'; a random UUID, say) so that a balancer can route every request of the "
-        "session by its X-Session-Id header; 409 session_exists if one has it. Without it "
-        "the server chooses",
+        description="the new session's id, chosen by the client (22 to 64 letters, digits, "
+        "'-' or '_': a random UUID, never a guessable name) so that a balancer can route "
+        "every request of the session by its X-Session-Id header; 409 session_exists if "
+        "one has it. Without it the server chooses",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -53,13 +54,21 @@ class BatchEntry:
     want_logits: bool
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or taskset's
-    limit), not the machine's count, nor llama.cpp's fixed default."""
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity (what `taskset` or a cpuset
+    allows), capped by a CPU quota (cgroup v2 `cpu.max`, as `docker --cpus` and
+    Kubernetes limits set it); not the machine's count, nor llama.cpp's fixed default."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS: no affinity API
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota here
+    return cores
 
 
 def supports_gpu_offload() -> bool:

@@ -108,7 +108,8 @@ class BatchScheduler:
     # -- the API the routes use (any thread, any event loop) --------------------------
 
     async def prefill(self, request: PrefillRequest, owner: str = "anonymous") -> PrefillResponse:
-        job = _Job(Future(), None, request=request, owner=owner)
+        # A chosen id is known from the start: work queued for it waits behind this.
+        job = _Job(Future(), request.session_id, request=request, owner=owner)
         self._enqueue(job)
         return await _result(job.future)
 
@@ -370,6 +371,9 @@ class BatchScheduler:
             job.work = work
             return True
         except Exception as exc:
+            if job.work is not None:  # begun, then something failed: its sequence goes back
+                self.engine.abandon(job.work)
+                job.work = None
             self._fail(job, exc)
             return False
 

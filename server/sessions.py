@@ -243,8 +243,13 @@ class SessionTable:
                 f"reserved={sorted(self._reserved)} live={sorted(live)} "
                 f"cached={sorted(self._cached)}"
             )
-        if not set(self._opening) <= self._reserved:
-            raise AssertionError(f"ids claimed for unreserved sequences: {self._opening}")
+        opening = list(self._opening.values())
+        if (
+            set(self._opening) != self._reserved
+            or len(set(opening)) != len(opening)
+            or any(session_id in self._live for session_id in opening)
+        ):
+            raise AssertionError(f"opening ids {self._opening} against reserved {self._reserved}")
 
     def _release(self, session: Session, keep_prefix: bool = False) -> None:
         self._live.pop(session.session_id, None)

@@ -16,7 +16,7 @@ import logging
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from server.checks import session_id_named
+from server.checks import routing_header, session_id_named
 from server.errors import APIError, describe_validation, send_error, send_json
 from server.metrics import RequestMetricsMiddleware
 from server.paths import route_path
@@ -74,7 +74,7 @@ async def verify_lane(scope, receive, send) -> None:
     try:
         state: AppState = scope["app"].state.verifier
         request = VerifyRequest.model_validate_json(body)
-        session_id_named(_header(scope, ROUTING_HEADER), request.session_id)
+        session_id_named(routing_header(_headers(scope, ROUTING_HEADER)), request.session_id)
         response = await verify_round(state, request, owner)
     except ValidationError as exc:
         return await send_error(send, *describe_validation(exc.errors()))
@@ -88,11 +88,8 @@ async def verify_lane(scope, receive, send) -> None:
     record_round(state, request, response)  # after the answer is on its way
 
 
-def _header(scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
+def _headers(scope, name: bytes) -> list[str]:
+    return [value.decode("latin-1") for key, value in scope["headers"] if key == name]
 
 
 async def _read_body(receive) -> bytes | None:

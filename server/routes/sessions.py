@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter, Request, Response, status
 
-from server.checks import session_id_named
+from server.checks import routing_header, session_id_named
 from server.protocol import (
     SESSION_ID_HEADER,
     PrefillRequest,
@@ -18,7 +18,8 @@ router = APIRouter(tags=["sessions"])
 
 @router.post("/prefill", response_model=PrefillResponse)
 async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Request) -> Response:
-    session_id = session_id_named(http.headers.get(SESSION_ID_HEADER), request.session_id)
+    header = routing_header(http.headers.getlist(SESSION_ID_HEADER))
+    session_id = session_id_named(header, request.session_id)
     request = request.model_copy(update={"session_id": session_id})
     return model_json(await scheduler.prefill(request, key_id(http)))
 
@@ -35,6 +36,6 @@ async def verify(request: VerifyRequest) -> Response:
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_session(session_id: str, scheduler: SchedulerDep, http: Request) -> None:
-    session_id_named(http.headers.get(SESSION_ID_HEADER), session_id)
+    session_id_named(routing_header(http.headers.getlist(SESSION_ID_HEADER)), session_id)
     engine, owner = scheduler.engine, key_id(http)
     await scheduler.call(lambda: engine.delete_session(session_id, owner), session_id)

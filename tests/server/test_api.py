@@ -513,11 +513,13 @@ def test_a_client_chosen_session_id_routes_every_request_of_the_session(client):
     assert_error(again, 409, "session_exists")
     round_ = {"session_id": session_id, "n_past": session["total_tokens"], "draft_tokens": []}
     assert client.post("/verify", json=round_, headers=routed).status_code == 200
-    wrong = {"X-Session-Id": "another-session-0002"}
+    wrong = {"X-Session-Id": "another-session-000000000002"}
     assert_error(client.post("/verify", json=round_, headers=wrong), 400, "session_id_mismatch")
     assert_error(
         client.delete(f"/sessions/{session_id}", headers=wrong), 400, "session_id_mismatch"
     )
+    doubled = [("X-Session-Id", session_id), ("X-Session-Id", session_id)]
+    assert_error(client.post("/verify", json=round_, headers=doubled), 400, "session_id_mismatch")
     assert client.delete(f"/sessions/{session_id}", headers=routed).status_code == 204
     # The header alone names the new session (curl users can route without the body).
     by_header = client.post("/prefill", json={"prompt": PROMPT}, headers=routed).json()
@@ -527,7 +529,9 @@ def test_a_client_chosen_session_id_routes_every_request_of_the_session(client):
     assert prefill(client)["session_id"] != session_id
 
 
-@pytest.mark.parametrize("bad", ["short", "has space in it", "x" * 65, "-leading-dash"])
+@pytest.mark.parametrize(
+    "bad", ["x" * 21, "has spaces in it, twenty-two+", "x" * 65, "-leading-dash-0000000000"]
+)
 def test_a_session_id_that_is_not_a_token_is_refused(client, bad):
     response = client.post("/prefill", json={"prompt": PROMPT, "session_id": bad})
     assert "session_id" in assert_error(response, 422, "invalid_request")["message"]

@@ -155,8 +155,9 @@ def test_a_replayed_round_gets_the_same_answer_and_changes_nothing(secure):
 
 
 def test_a_forged_session_id_header_of_another_keys_session_gets_404(secure):
-    """X-Session-Id routes a request at a balancer; it opens nothing at the verifier."""
-    session_id = "victim-session-0001"
+    """X-Session-Id routes a request at a balancer; it opens nothing at the verifier.
+    (The id is guessable here only to play the attacker who knows it.)"""
+    session_id = "victim-session-0000000000001"
     opened = secure.post(
         "/prefill", json={"prompt": "Hello", "session_id": session_id}, headers=bearer(KEY_A)
     ).json()

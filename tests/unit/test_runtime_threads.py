@@ -26,3 +26,13 @@ def test_usable_cores_follow_the_affinity():
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity API on this platform")
     assert usable_cores() == len(os.sched_getaffinity(0)) >= 1
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "limit"), [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000", 1)]
+)
+def test_a_cpu_quota_caps_the_usable_cores(tmp_path, cpu_max, limit):
+    quota = tmp_path / "cpu.max"
+    quota.write_text(cpu_max)
+    unlimited = usable_cores(tmp_path / "absent")
+    assert usable_cores(quota) == (unlimited if limit is None else min(unlimited, limit))
