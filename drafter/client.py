@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import ssl
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from pydantic import BaseModel, ValidationError
 from drafter.errors import VerifierRejected, VerifierUnavailable
 from drafter.http1 import Connection, Reply, StaleConnection, header_lines
 from server.protocol import (
+    SESSION_ID,
     SESSION_ID_HEADER,
-    SESSION_ID_PATTERN,
     GenerateRequest,
     GenerateResponse,
     InfoResponse,
@@ -125,7 +124,7 @@ class VerifierClient:
     ) -> R | None:
         """`session_id` goes in the X-Session-Id header too: a balancer routes by it."""
         content = body.model_dump_json(exclude_none=True).encode() if body is not None else None
-        if session_id is not None and not re.fullmatch(SESSION_ID_PATTERN, session_id):
+        if session_id is not None and not SESSION_ID.fullmatch(session_id):
             raise VerifierUnavailable(f"not a session id: {session_id!r}")  # nor a header
         routing = b"" if session_id is None else ROUTING_LINE % session_id.encode()
         try:

@@ -257,11 +257,8 @@ class DraftModel:
 
     def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
         start = len(self._cached)
-        try:
-            logits = self.context.decode(self.seq_id, tokens, start, alone=self.decodes_alone)
-        except Exception:
-            self._truncate(start)  # the context dropped the cells: forget their logits too
-            raise
+        # On failure the context has dropped the cells from `start`: nothing to undo here.
+        logits = self.context.decode(self.seq_id, tokens, start, alone=self.decodes_alone)
         self._cached.extend(tokens)
         self.decoded_tokens += len(tokens)
         self._last_logits = logits

@@ -3,7 +3,6 @@ error the client gets, before anything is touched."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from server.errors import (
@@ -16,8 +15,8 @@ from server.errors import (
     UnsupportedSampling,
 )
 from server.protocol import (
+    SESSION_ID,
     SESSION_ID_HEADER,
-    SESSION_ID_PATTERN,
     PrefillRequest,
     Strategy,
     VerifyRequest,
@@ -66,7 +65,7 @@ def session_id_named(header: str | None, named: str | None) -> str | None:
         raise SessionIdMismatch(
             f"{SESSION_ID_HEADER} {header!r} names another session than the request's {named!r}"
         )
-    if not re.fullmatch(SESSION_ID_PATTERN, header):
+    if not SESSION_ID.fullmatch(header):
         raise SessionIdMismatch(f"{SESSION_ID_HEADER} {header!r} is not a valid session id")
     return header
 

@@ -1,4 +1,4 @@
-"""Wire protocol v1: the pydantic models both sides speak (see DESIGN.md).
+"""Wire protocol v2: the pydantic models both sides speak (see DESIGN.md).
 
 Only token ids cross the wire. The drafter imports these models too, so a field
 changed here changes both ends at once.
@@ -7,6 +7,7 @@ changed here changes both ends at once.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
@@ -21,6 +22,7 @@ Strategy = Literal["greedy", "rejection", "match", "threshold"]
 # Long enough to be a random choice (a UUID; 22 is 128 bits in base64): ids are one space
 # for every key, so a guessable one could be taken or probed (409) by another.
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{21,63}$"
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
 # Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
 # balancer can hash it without reading the body (see the README's protocol section).
 SESSION_ID_HEADER = "X-Session-Id"

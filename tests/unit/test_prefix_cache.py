@@ -25,9 +25,12 @@ def build(max_sessions: int = 4, **runtime) -> tuple[FakeRuntime, Engine]:
     return runtime, Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
 
 
-def open_session(engine: Engine, prompt_tokens: list[int], owner: str = "a"):
+def open_session(
+    engine: Engine, prompt_tokens: list[int], owner: str = "a", session_id: str | None = None
+):
     work = engine.begin_prefill(
-        PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False), owner=owner
+        PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False, session_id=session_id),
+        owner=owner,
     )
     while work.remaining:  # cut as the scheduler cuts: at multiples of prompt_chunk
         n_tokens = engine.prompt_chunk - work.evaluated % engine.prompt_chunk
@@ -260,3 +263,23 @@ def test_the_rest_of_a_reused_prompt_is_decoded_in_whole_chunks_each_on_its_own(
     assert all(len({e.seq_id for e in chunk}) == 1 for chunk in chunks)
     assert_consistent(runtime, engine)
     assert decode(engine, response.session_id, 6) == runtime.reference_greedy(prompt, 6)
+
+
+def test_two_prefills_of_one_chosen_id_at_once_open_one_session_and_leak_nothing():
+    """The second finds the id taken by the first while it is still being evaluated; when
+    the first fails, the id is free again."""
+    from server.errors import SessionExists
+
+    runtime, engine = build()
+    session_id = "chosen-by-the-client-00000001"
+    request = PrefillRequest(prompt_tokens=list(range(2, 12)), add_bos=False, session_id=session_id)
+    first = engine.begin_prefill(request, owner="a")
+    with pytest.raises(SessionExists):
+        engine.begin_prefill(request, owner="a")
+    with pytest.raises(SessionExists):  # another key too: ids are one space
+        engine.begin_prefill(request, owner="b")
+    engine.abandon(first)
+    assert_consistent(runtime, engine)
+    opened, _ = open_session(engine, list(range(2, 12)), session_id=session_id)  # free again
+    assert opened.session_id == engine.session(session_id, "a").session_id == session_id
+    assert_consistent(runtime, engine)
