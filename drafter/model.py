@@ -24,6 +24,7 @@ from drafter.loop import Draft
 from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
 from server.runtime import LlamaError, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
+from server.sessions import common_prefix_len
 
 # Most tokens of q sent per draft position. Without top-k, q's support is the whole
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
@@ -234,10 +235,7 @@ class DraftModel:
 
     def _sync(self, tokens: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `tokens`; return the logits after the last one."""
-        common = 0
-        limit = min(len(self._cached), len(tokens))
-        while common < limit and self._cached[common] == tokens[common]:
-            common += 1
+        common = common_prefix_len(self._cached, tokens)
         if common == len(tokens):
             kept = self._logits_at.get(common - 1)
             if common == len(self._cached) and self._last_logits is not None:

@@ -22,9 +22,10 @@ from drafter.model import DraftModel
 from drafter.openai_protocol import SpeculativeFigures, Usage
 from drafter.output import TextDecoder
 from drafter.runner import RunOptions, connect, load_checked_drafter, speculative_loop
-from drafter.slots import Slot, SlotPool, common_prefix_len
+from drafter.slots import Slot, SlotPool
 from drafter.stops import StopScanner
 from server.protocol import InfoResponse, PrefillRequest
+from server.sessions import common_prefix_len
 
 log = logging.getLogger("drafter.serve")
 

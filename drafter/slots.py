@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from drafter.client import VerifierClient
 from drafter.model import DraftModel
+from server.sessions import common_prefix_len
 
 _use_order = itertools.count(1)
 
@@ -29,15 +30,6 @@ class Slot:
 
 class QueueFull(Exception):
     """Every slot is busy and the queue is full: the client should come back later."""
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def best_slot(free: Sequence[Slot], prompt_ids: Sequence[int]) -> Slot:

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from drafter.slots import QueueFull, Slot, SlotPool, best_slot, common_prefix_len
+from drafter.slots import QueueFull, Slot, SlotPool, best_slot
+from server.sessions import common_prefix_len
 
 
 def slot(cached: list[int], last_used: int = 0) -> Slot:
