@@ -1,24 +1,34 @@
 """HTTP client of the verifier: wire models in, wire models out, bytes counted.
 
-One keep-alive HTTP/1.1 connection (`drafter/http1.py`): a round is one small JSON
-request, and both httpx and `http.client` spend a good part of a round's protocol budget
-on their request and response layers (measured against a raw socket on loopback).
+urllib3 carries the requests: keep-alive, TLS, proxies (`HTTPS_PROXY`, `NO_PROXY`), a
+balancer in the path and retries with backoff are its well-trodden ground. It costs a
+little more per round than the hand-written HTTP/1.1 client it replaced (issue 15's note
+has the figures), which is small beside a round's decode.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
-import random
 import ssl
-import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
+import urllib3
 from pydantic import BaseModel, ValidationError
+from urllib3.exceptions import (
+    HTTPError,
+    MaxRetryError,
+    NewConnectionError,
+    SSLError,
+    TimeoutError,
+)
+from urllib3.util.retry import Retry
 
 from drafter.errors import VerifierRejected, VerifierUnavailable
-from drafter.http1 import Connection, Reply, StaleConnection, header_lines
 from server.protocol import (
     SESSION_ID,
     SESSION_ID_HEADER,
@@ -34,21 +44,85 @@ from server.protocol import (
 R = TypeVar("R", bound=BaseModel)
 
 USER_AGENT = "draft_token_generator/0.1"
-ROUTING_LINE = SESSION_ID_HEADER.encode() + b": %s\r\n"
-JSON_BODY_HEADERS = b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 # Full, loading, or a balancer between us and a verifier that is restarting. A 500 is a
 # failure the verifier says will not go away (decode_failed, internal_error): not retried.
 RETRY_STATUSES = frozenset({502, 503, 504})
-# A kept-alive connection the server has since closed fails on first use; that is not a
-# lost request, so it is sent once more on a new connection at once.
-STALE_CONNECTION = (StaleConnection, ConnectionResetError, BrokenPipeError)
+BACKOFF_FACTOR_S = 0.2
+BACKOFF_JITTER_S = 0.2
+# Also the most a server's Retry-After can make us wait between two tries.
+BACKOFF_CEILING_S = 5.0
+
+
+class CountedRetry(Retry):
+    """urllib3's Retry, telling its owner each time it waits to try again, and waiting
+    no longer than BACKOFF_CEILING_S whatever a Retry-After says.
+
+    urllib3 copies a Retry at every step (`new`); the callback goes with the copies.
+    """
+
+    on_retry: Callable[[], None] | None = None
+
+    def new(self, **kw) -> CountedRetry:
+        retry = super().new(**kw)
+        retry.on_retry = self.on_retry
+        return retry
+
+    def sleep(self, response=None) -> None:
+        if self.on_retry is not None:
+            self.on_retry()
+        super().sleep(response)
+
+    def get_retry_after(self, response) -> float | None:
+        # A server's Retry-After is honoured, up to the longest backoff of our own.
+        seconds = super().get_retry_after(response)
+        return None if seconds is None else min(seconds, BACKOFF_CEILING_S)
+
+
+def retry_policy(max_retries: int, on_retry: Callable[[], None] | None = None) -> CountedRetry:
+    """Every method is retried, POST included: a replayed /verify gets its recorded answer,
+    a replayed /prefill of a chosen id a 409 the loop resolves, a lost session a 404 the
+    loop recovers from. Errors that are neither connecting nor reading (a certificate
+    the CA does not vouch for) are not: they will not get better by trying again."""
+    retry = CountedRetry(
+        total=max_retries,
+        other=0,
+        redirect=False,
+        allowed_methods=None,
+        status_forcelist=RETRY_STATUSES,
+        raise_on_status=False,  # the last 5xx's body says what went wrong
+        respect_retry_after_header=True,
+        backoff_factor=BACKOFF_FACTOR_S,
+        backoff_jitter=BACKOFF_JITTER_S,
+        backoff_max=BACKOFF_CEILING_S,
+    )
+    retry.on_retry = on_retry
+    return retry
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_for(url: str) -> str | None:
+    """The proxy the environment names for this URL (`HTTPS_PROXY`, `HTTP_PROXY`,
+    `NO_PROXY`, as curl and requests read them); a verifier on loopback never has one."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if is_loopback(host) or urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 class VerifierClient:
-    """One keep-alive connection to the verifier.
+    """Keep-alive connections to the verifier (one, unless used from several threads).
 
-    `bytes_sent` and `bytes_received` count HTTP/1.1 bytes as written on the wire (start
-    line, headers, body), not TCP or TLS overhead.
+    `bytes_sent` and `bytes_received` count HTTP/1.1 bytes as framed: start line, the
+    headers the client sets or receives, and the body; not TCP or TLS overhead.
     """
 
     def __init__(
@@ -64,30 +138,33 @@ class VerifierClient:
         url = urlsplit(self.base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise VerifierUnavailable(f"not an http(s):// verifier URL: {base_url!r}")
-        self._https = url.scheme == "https"
-        self._host = url.hostname
-        self._port = url.port or (443 if self._https else 80)
-        self._prefix = url.path.rstrip("/")
-        self._timeout = timeout
-        headers = [("Host", url.netloc), ("User-Agent", USER_AGENT)]
+        # All the headers the request will carry, so that the byte counts are exact.
+        self._headers = {
+            "Host": url.netloc,
+            "User-Agent": USER_AGENT,
+            "Accept-Encoding": "identity",
+        }
         if api_key:
-            headers.append(("Authorization", f"Bearer {api_key}"))
-        self._header_lines = header_lines(headers)  # the same on every request
+            self._headers["Authorization"] = f"Bearer {api_key}"
         # Certificates are always verified; --ca-cert adds a private CA (self-signed servers).
-        self._ssl = (
+        context = (
             ssl.create_default_context(cafile=str(ca_cert) if ca_cert else None)
-            if self._https
+            if url.scheme == "https"
             else None
         )
-        self._conn = Connection(self._host, self._port, timeout=timeout, ssl_context=self._ssl)
+        pool_args = {"maxsize": 1, "timeout": timeout, "ssl_context": context}
+        proxy = proxy_for(self.base_url)
+        self._http = (
+            urllib3.ProxyManager(proxy, **pool_args) if proxy else urllib3.PoolManager(**pool_args)
+        )
+        # urllib3 never changes a Retry, it makes new ones: one serves every request.
+        self._retry = retry_policy(max_retries, self._counted_retry)
         self.retries_done = 0
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.max_retries = max_retries
 
-    def _pause(self, attempt: int, retry_after: str | None) -> None:
+    def _counted_retry(self) -> None:
         self.retries_done += 1
-        time.sleep(backoff_s(attempt, retry_after))
 
     def info(self) -> InfoResponse:
         return self._call("GET", "/info", None, InfoResponse)
@@ -105,7 +182,7 @@ class VerifierClient:
         self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None, session_id)
 
     def close(self) -> None:
-        self._conn.close()
+        self._http.clear()
 
     def __enter__(self) -> VerifierClient:
         return self
@@ -120,80 +197,76 @@ class VerifierClient:
         body: BaseModel | None,
         response_type: type[R] | None,
         session_id: str | None = None,
-        attempt: int = 0,
     ) -> R | None:
         """`session_id` goes in the X-Session-Id header too: a balancer routes by it."""
         content = body.model_dump_json(exclude_none=True).encode() if body is not None else None
-        if session_id is not None and not SESSION_ID.fullmatch(session_id):
-            raise VerifierUnavailable(f"not a session id: {session_id!r}")  # nor a header
-        routing = b"" if session_id is None else ROUTING_LINE % session_id.encode()
+        headers = dict(self._headers)
+        if session_id is not None:
+            if not SESSION_ID.fullmatch(session_id):
+                raise VerifierUnavailable(f"not a session id: {session_id!r}")  # nor a header
+            headers[SESSION_ID_HEADER] = session_id
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+            headers["Content-Length"] = str(len(content))
+        url = self.base_url + path
+        retries_before = self.retries_done
         try:
-            reply = self._exchange(method, path, content, routing)
-        except OSError as exc:
-            # Lost on the way, or the verifier is restarting. Retrying is safe: a replayed
-            # /verify gets its recorded answer, a lost session a 404 the loop recovers from.
-            # A certificate the CA does not vouch for will not get better by retrying.
-            retryable = not isinstance(exc, ssl.SSLCertVerificationError)
-            if retryable and attempt < self.max_retries:
-                self._pause(attempt, None)
-                return self._call(method, path, body, response_type, session_id, attempt + 1)
-            what = "timed out" if isinstance(exc, TimeoutError) else "cannot be reached"
-            raise VerifierUnavailable(
-                f"the verifier at {self.base_url} {what} after {attempt + 1} tries "
-                f"(cannot reach the verifier: {exc})"
-            ) from exc
-        if reply.status in RETRY_STATUSES and attempt < self.max_retries:
-            # The round was not committed, so sending it again is safe.
-            self._pause(attempt, reply.header("retry-after"))
-            return self._call(method, path, body, response_type, session_id, attempt + 1)
-        if reply.status >= 400:
-            raise _rejection(reply)
+            response = self._http.urlopen(
+                method,
+                url,
+                body=content,
+                headers=headers,
+                retries=self._retry,
+                redirect=False,
+            )
+        except MaxRetryError as exc:
+            raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
+        except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)
+            raise self._unreachable(exc, self.retries_done - retries_before) from exc
+        self.bytes_sent += framed_request_bytes(method, urlsplit(url).path, headers, content)
+        self.bytes_received += framed_response_bytes(response)
+        if response.status >= 400:
+            raise _rejection(response.status, response.reason or "", response.data)
         if response_type is None:
             return None
         try:
-            return response_type.model_validate_json(reply.body)
+            return response_type.model_validate_json(response.data)
         except ValidationError as exc:
             raise VerifierUnavailable(
                 f"the verifier at {self.base_url} sent a {path} response this drafter does "
                 f"not understand: {exc.errors()[0]['msg']}"
             ) from exc
 
-    def _exchange(self, method: str, path: str, content: bytes | None, extra: bytes) -> Reply:
-        reused = self._conn.is_open
-        try:
-            return self._send(method, path, content, extra)
-        except STALE_CONNECTION:
-            if not reused:
-                raise
-        return self._send(method, path, content, extra)  # once more, on a new connection
-
-    def _send(self, method: str, path: str, content: bytes | None, extra: bytes) -> Reply:
-        message = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode() + self._header_lines
-        message += extra
-        if content is None:
-            message += b"\r\n"
+    def _unreachable(self, reason: BaseException | None, retries: int) -> VerifierUnavailable:
+        if isinstance(reason, SSLError):
+            what = "failed the TLS handshake"
+        elif isinstance(reason, TimeoutError) and not isinstance(reason, NewConnectionError):
+            what = "timed out"  # (refused connections are urllib3 connect timeouts too)
         else:
-            message += JSON_BODY_HEADERS % len(content) + content
-        reply = self._conn.request(message, head_only=method == "HEAD")
-        self.bytes_sent += len(message)
-        self.bytes_received += reply.wire_bytes
-        return reply
+            what = "cannot be reached"
+        return VerifierUnavailable(
+            f"the verifier at {self.base_url} {what} after {retries + 1} tries "
+            f"(cannot reach the verifier: {reason})"
+        )
 
 
-def backoff_s(attempt: int, retry_after: str | None, ceiling_s: float = 5.0) -> float:
-    """Retry-After when the server gave one, else exponential backoff with full jitter."""
-    if retry_after is not None:
-        try:
-            return min(max(float(retry_after), 0.05), ceiling_s)
-        except ValueError:
-            pass
-    return random.uniform(0.5, 1.5) * min(0.2 * 2**attempt, ceiling_s)
+def framed_request_bytes(
+    method: str, path: str, headers: dict[str, str], content: bytes | None
+) -> int:
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return len(head.encode("latin-1")) + 2 + len(content or b"")
 
 
-def _rejection(reply: Reply) -> VerifierRejected:
+def framed_response_bytes(response: urllib3.BaseHTTPResponse) -> int:
+    start = f"HTTP/1.1 {response.status} {response.reason or ''}\r\n"
+    head = start + "".join(f"{k}: {v}\r\n" for k, v in response.headers.items())
+    return len(head.encode("latin-1")) + 2 + len(response.data)
+
+
+def _rejection(status: int, reason: str, body: bytes) -> VerifierRejected:
     try:
-        error = json.loads(reply.body)["error"]
-        return VerifierRejected(reply.status, error["type"], error["message"])
+        error = json.loads(body)["error"]
+        return VerifierRejected(status, error["type"], error["message"])
     except (ValueError, KeyError, TypeError):
-        text = reply.body[:200].decode("utf-8", "replace") or reply.reason
-        return VerifierRejected(reply.status, "http_error", text)
+        text = body[:200].decode("utf-8", "replace") or reason
+        return VerifierRejected(status, "http_error", text)

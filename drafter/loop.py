@@ -107,6 +107,11 @@ class SpeculativeLoop:
         self.result = SpeculativeResult()
         self._chosen_id: str | None = None
 
+    @property
+    def session_id(self) -> str | None:
+        """The id the running (or last) generation's session goes by, on any replica."""
+        return self._chosen_id
+
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
         result = self.result = SpeculativeResult()

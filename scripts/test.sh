@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
+./scripts/ensure_nginx.sh
 echo "[test] ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -37,13 +37,8 @@ def drafter_model() -> Path:
 LiveVerifier = LocalVerifier
 
 
-def start_verifier(
-    model: Path,
-    port: int | None = None,
-    extra_args: tuple[str, ...] = (),
-    scheme: str = "http",
-    **settings: object,
-) -> LiveVerifier:
+def verifier_env(model: Path, **settings: object) -> dict[str, str]:
+    """The test verifier's settings as VERIFIER_* variables, `settings` over them."""
     env = {
         "VERIFIER_MODEL_PATH": str(model),
         "VERIFIER_N_CTX": str(TEST_N_CTX),
@@ -51,7 +46,19 @@ def start_verifier(
         "VERIFIER_MAX_SESSIONS": "4",
     }
     env.update({f"VERIFIER_{k.upper()}": str(v) for k, v in settings.items()})
-    verifier = LiveVerifier(env, port=port, extra_args=extra_args, scheme=scheme)
+    return env
+
+
+def start_verifier(
+    model: Path,
+    port: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    scheme: str = "http",
+    **settings: object,
+) -> LiveVerifier:
+    verifier = LiveVerifier(
+        verifier_env(model, **settings), port=port, extra_args=extra_args, scheme=scheme
+    )
     try:
         verifier.wait_ready()
     except Exception:

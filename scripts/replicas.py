@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Verifier replicas behind nginx.
+
+    python scripts/replicas.py up -n 3            # 3 verifiers + nginx on 127.0.0.1
+    python scripts/replicas.py config --replica 10.0.0.11:8000 --replica 10.0.0.12:8000 \\
+        --listen 8000 > /etc/nginx/conf.d/hetero-verifier.conf
+
+`up` runs until Ctrl-C: point drafters at the URL it prints (`--server`). The verifiers
+take the usual VERIFIER_* settings from the environment; with none given each gets one
+thread and the test context length, so that three fit on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import contextlib
+
+from server.replicas import LocalReplicas, render_site
+from server.settings import VerifierSettings
+
+SMALL_MACHINE = {"VERIFIER_N_THREADS": "1", "VERIFIER_N_CTX": "1024"}
+
+
+def up(n: int) -> None:
+    env = {**SMALL_MACHINE, **{k: v for k, v in os.environ.items() if k.startswith("VERIFIER_")}}
+    print(f"[replicas] starting {n} verifiers and nginx on 127.0.0.1 ...", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with LocalReplicas(n, env, VerifierSettings().max_body_bytes) as replicas:
+        for verifier in replicas.verifiers:
+            print(f"[replicas] verifier {verifier.url} (log: {verifier.log_path})")
+        print(f"[replicas] balancer {replicas.url} (logs: {replicas.balancer.prefix})")
+        print(f"[replicas] ready: draft_token_generator --server {replicas.url} ...", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    print("[replicas] stopped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("up", help="start N verifiers and nginx on 127.0.0.1")
+    start.add_argument("-n", type=int, default=3, help="verifier replicas")
+    config = commands.add_parser("config", help="print nginx's config for given replicas")
+    config.add_argument(
+        "--replica", action="append", required=True, help="host:port of a verifier (repeat)"
+    )
+    config.add_argument("--listen", default="8000", help="nginx's listen address")
+    config.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=VerifierSettings.model_fields["max_body_bytes"].default,
+        help="the verifiers' VERIFIER_MAX_BODY_BYTES",
+    )
+    args = parser.parse_args()
+    if args.command == "up":
+        if args.n < 1:
+            parser.error("-n must be at least 1")
+        up(args.n)
+    else:
+        print(render_site(args.replica, args.listen, args.max_body_bytes), end="")
+
+
+if __name__ == "__main__":
+    main()
