@@ -153,6 +153,13 @@ RetriesOpt = Annotated[
     int, typer.Option("--retries", min=0, help="retries on lost connections and 5xx")
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="llama.cpp's log on stderr")]
+TranslateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--translate/--no-translate",
+        help="draft through text for a verifier with another tokenizer (or refuse the pair)",
+    ),
+]
 
 app = typer.Typer(
     add_completion=False,
@@ -213,6 +220,7 @@ def generate(
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
     retries: RetriesOpt = 6,
+    translate: TranslateOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate a completion of --prompt, drafting locally and verifying on --server."""
@@ -236,6 +244,7 @@ def generate(
         sampling=sampling,
         strategy=strategy.value if strategy else None,
         threshold=threshold,
+        translate=translate,
     )
     renderer = JsonRenderer() if output is OutputFormat.json else TextRenderer()
     try:

@@ -21,8 +21,10 @@ import urllib3
 from pydantic import BaseModel, ValidationError
 from urllib3.exceptions import (
     HTTPError,
+    InvalidHeader,
     MaxRetryError,
     NewConnectionError,
+    ProxySchemeUnknown,
     SSLError,
     TimeoutError,
 )
@@ -73,19 +75,35 @@ class CountedRetry(Retry):
         super().sleep(response)
 
     def get_retry_after(self, response) -> float | None:
-        # A server's Retry-After is honoured, up to the longest backoff of our own.
-        seconds = super().get_retry_after(response)
+        # A server's Retry-After is honoured, up to the longest backoff of our own; one
+        # urllib3 cannot read ("0.5") leaves the wait to our backoff.
+        try:
+            seconds = super().get_retry_after(response)
+        except InvalidHeader:
+            return None
         return None if seconds is None else min(seconds, BACKOFF_CEILING_S)
+
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        # Only RETRY_STATUSES: urllib3 would also retry a 413 or 429 carrying Retry-After.
+        return super().is_retry(method, status_code, has_retry_after=False)
+
+    def increment(self, method=None, url=None, response=None, error=None, **kw) -> CountedRetry:
+        # A certificate the CA does not vouch for will not get better by trying again;
+        # every other failure to connect or read (a TLS handshake cut off, a proxy that
+        # cannot reach a restarting verifier yet) may.
+        if isinstance(error, SSLError) and any(
+            isinstance(arg, ssl.SSLCertVerificationError) for arg in error.args
+        ):
+            raise error
+        return super().increment(method, url, response, error, **kw)
 
 
 def retry_policy(max_retries: int, on_retry: Callable[[], None] | None = None) -> CountedRetry:
     """Every method is retried, POST included: a replayed /verify gets its recorded answer,
     a replayed /prefill of a chosen id a 409 the loop resolves, a lost session a 404 the
-    loop recovers from. Errors that are neither connecting nor reading (a certificate
-    the CA does not vouch for) are not: they will not get better by trying again."""
+    loop recovers from. A refused certificate is not (CountedRetry.increment)."""
     retry = CountedRetry(
         total=max_retries,
-        other=0,
         redirect=False,
         allowed_methods=None,
         status_forcelist=RETRY_STATUSES,
@@ -115,7 +133,10 @@ def proxy_for(url: str) -> str | None:
     host = parts.hostname or ""
     if is_loopback(host) or urllib.request.proxy_bypass(host):
         return None
-    return urllib.request.getproxies().get(parts.scheme)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and "://" not in proxy:
+        proxy = f"http://{proxy}"  # curl's reading of `proxy.corp:3128`
+    return proxy
 
 
 class VerifierClient:
@@ -154,9 +175,17 @@ class VerifierClient:
         )
         pool_args = {"maxsize": 1, "timeout": timeout, "ssl_context": context}
         proxy = proxy_for(self.base_url)
-        self._http = (
-            urllib3.ProxyManager(proxy, **pool_args) if proxy else urllib3.PoolManager(**pool_args)
-        )
+        try:
+            self._http = (
+                urllib3.ProxyManager(proxy, **pool_args)
+                if proxy
+                else urllib3.PoolManager(**pool_args)
+            )
+        except ProxySchemeUnknown as exc:
+            raise VerifierUnavailable(
+                f"the proxy the environment names for {self.base_url} ({proxy}) is not an "
+                "http:// or https:// proxy, the only kinds this drafter speaks"
+            ) from exc
         # urllib3 never changes a Retry, it makes new ones: one serves every request.
         self._retry = retry_policy(max_retries, self._counted_retry)
         self.retries_done = 0
@@ -181,6 +210,10 @@ class VerifierClient:
     def delete_session(self, session_id: str) -> None:
         self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None, session_id)
 
+    def vocab_file(self) -> bytes:
+        """The verifier's vocabulary as a vocabulary-only GGUF (GET /vocab)."""
+        return self._request("GET", "/vocab", None, None).data
+
     def close(self) -> None:
         self._http.clear()
 
@@ -198,7 +231,22 @@ class VerifierClient:
         response_type: type[R] | None,
         session_id: str | None = None,
     ) -> R | None:
-        """`session_id` goes in the X-Session-Id header too: a balancer routes by it."""
+        response = self._request(method, path, body, session_id)
+        if response_type is None:
+            return None
+        try:
+            return response_type.model_validate_json(response.data)
+        except ValidationError as exc:
+            raise VerifierUnavailable(
+                f"the verifier at {self.base_url} sent a {path} response this drafter does "
+                f"not understand: {exc.errors()[0]['msg']}"
+            ) from exc
+
+    def _request(
+        self, method: str, path: str, body: BaseModel | None, session_id: str | None
+    ) -> urllib3.BaseHTTPResponse:
+        """The verifier's answer, retried as the policy says; 4xx and 5xx raise.
+        `session_id` goes in the X-Session-Id header too: a balancer routes by it."""
         content = body.model_dump_json(exclude_none=True).encode() if body is not None else None
         headers = dict(self._headers)
         if session_id is not None:
@@ -227,15 +275,7 @@ class VerifierClient:
         self.bytes_received += framed_response_bytes(response)
         if response.status >= 400:
             raise _rejection(response.status, response.reason or "", response.data)
-        if response_type is None:
-            return None
-        try:
-            return response_type.model_validate_json(response.data)
-        except ValidationError as exc:
-            raise VerifierUnavailable(
-                f"the verifier at {self.base_url} sent a {path} response this drafter does "
-                f"not understand: {exc.errors()[0]['msg']}"
-            ) from exc
+        return response
 
     def _unreachable(self, reason: BaseException | None, retries: int) -> VerifierUnavailable:
         if isinstance(reason, SSLError):

@@ -1,11 +1,18 @@
-"""Whether a draft model may draft for a verifier: same vocabulary, or nothing at all."""
+"""Whether and how a draft model drafts for a verifier: with token ids as they are (the
+same vocabulary, or a compatible one as llama.cpp judges it: server/vocab.py), through
+text (another tokenizer: drafter/translate.py), or not at all."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from drafter.errors import VerifierUnavailable, VocabularyMismatch
 from server.protocol import PROTOCOL_VERSION, InfoResponse
+from server.vocab import Incompatible, Relation, VocabFacts, relation
+
+# How the drafter's ids reach the verifier: as they are, or through text.
+DraftingMode = Relation | Literal["translated"]
 
 
 def check_protocol(info: InfoResponse) -> None:
@@ -16,17 +23,52 @@ def check_protocol(info: InfoResponse) -> None:
         )
 
 
-def check_vocabulary(
-    info: InfoResponse, *, drafter_name: str, drafter_path: Path, vocab_hash: str, n_vocab: int
-) -> None:
-    """Token ids mean the same on both sides only if the vocabularies are identical."""
-    if vocab_hash == info.vocab_hash and n_vocab == info.n_vocab:
-        return
-    raise VocabularyMismatch(
-        "vocabulary mismatch: the drafter model "
-        f"'{drafter_name}' ({drafter_path.name}, {n_vocab} tokens, vocab hash "
-        f"{vocab_hash[:12]}) cannot draft for the verifier model '{info.model}' "
-        f"({Path(info.model_path).name}, {info.n_vocab} tokens, vocab hash "
-        f"{info.vocab_hash[:12]}). Use a drafter from the verifier's model family "
-        "(see models/manifest.json)."
+def verifier_vocab(info: InfoResponse) -> VocabFacts:
+    return VocabFacts(
+        type=info.vocab_type,
+        n_vocab=info.n_vocab,
+        bos_id=info.bos_id,
+        eos_id=info.eos_id,
+        add_bos=info.add_bos,
+        add_eos=info.add_eos,
+        hash=info.vocab_hash,
+        text_hashes=info.vocab_text_hashes,
     )
+
+
+def check_vocabulary(
+    info: InfoResponse,
+    drafter: VocabFacts,
+    *,
+    drafter_name: str,
+    drafter_path: Path,
+    translate: bool | None = None,
+) -> tuple[DraftingMode, str]:
+    """How the drafter's ids reach the verifier: "same" or "compatible" (as they are),
+    or "translated" (through text) where `translate` allows it (None: not offered here);
+    with a sentence naming both models and why, when they are not the same. Otherwise
+    VocabularyMismatch."""
+    pair = (
+        f"the drafter model '{drafter_name}' ({drafter_path.name}, {drafter.n_vocab} tokens, "
+        f"vocab hash {drafter.hash[:12]}) and the verifier model '{info.model}' "
+        f"({Path(info.model_path).name}, {info.n_vocab} tokens, vocab hash "
+        f"{info.vocab_hash[:12]})"
+    )
+    try:
+        if not info.vocab_type and info.vocab_hash != drafter.hash:
+            raise Incompatible("the verifier is too old to compare vocabularies beyond equality")
+        found = relation(verifier_vocab(info), drafter)
+    except Incompatible as exc:
+        if translate and info.vocab_type:
+            return "translated", (
+                f"drafting through text: {pair} have different vocabularies ({exc}); "
+                "--no-translate refuses such a pair instead"
+            )
+        hint = ", or leave out --no-translate to draft through text" if translate is False else ""
+        raise VocabularyMismatch(
+            f"vocabulary mismatch: {pair} cannot draft with token ids: {exc}. Use a drafter "
+            f"from the verifier's model family (see models/manifest.json){hint}."
+        ) from exc
+    if found == "compatible":
+        return found, f"drafting with token ids: {pair} have compatible vocabularies"
+    return found, ""

@@ -51,6 +51,10 @@ class DraftContext:
         self._busy = False  # a thread is in llama.cpp with this context
         self._closed = False
         self.decodes = 0  # llama_decode calls made for draft sequences
+        # The verifier's vocabulary size where it differs from ours (a compatible pair,
+        # server/vocab.py): every sequence drafts within it.
+        self.target_n_vocab: int | None = None
+        self.vocab_relation = "same"  # "compatible" or "translated": what the run reports
         self.shared_decodes = 0  # of those, calls carrying more than one sequence
 
     @classmethod

@@ -82,6 +82,7 @@ class SpeculativeResult:
     finish_reason: FinishReason | None = None
     strategy: str = "greedy"
     lossless: bool = True
+    vocab: str = "same"  # the drafter's vocabulary against the verifier's (server/vocab.py)
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
@@ -94,6 +95,7 @@ class SpeculativeLoop:
         draft_n: int | DraftLength,
         n_ctx: int,
         pipeline: bool = False,
+        vocab: str = "same",
     ):
         if isinstance(draft_n, int):
             if draft_n < 0:
@@ -104,6 +106,7 @@ class SpeculativeLoop:
         self.draft_length = draft_n
         self.n_ctx = n_ctx
         self.pipeline = pipeline
+        self.vocab = vocab
         self.result = SpeculativeResult()
         self._chosen_id: str | None = None
 
@@ -114,7 +117,7 @@ class SpeculativeLoop:
 
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
-        result = self.result = SpeculativeResult()
+        result = self.result = SpeculativeResult(vocab=self.vocab)
         stats = result.stats
         # Ours to choose (random: ids are one space for every key), so that a balancer
         # can route the session by it, and a recovery re-opens it under the same id (on

@@ -21,7 +21,8 @@ import numpy as np
 from drafter.draft_context import DraftContext
 from drafter.errors import DraftModelError
 from drafter.loop import Draft
-from server.protocol import PrefillRequest, SamplingParams, vocab_fingerprint
+from server import vocab
+from server.protocol import PrefillRequest, SamplingParams
 from server.runtime import LlamaError, supports_gpu_offload
 from server.sampling import cap_support, probabilities, sample
 from server.sessions import common_prefix_len
@@ -111,30 +112,45 @@ class DraftModel:
         self._rng = np.random.default_rng(policy.seed)
         self._forget_chain()
 
-    @property
-    def vocab_hash(self) -> str:
-        return vocab_fingerprint(self.runtime.vocab_pieces())
+    def vocab_facts(self) -> vocab.VocabFacts:
+        return vocab.describe(self.runtime)
 
     @property
     def n_vocab(self) -> int:
         return self.runtime.n_vocab
 
+    def draft_for(self, target_n_vocab: int, relation: vocab.Relation = "same") -> None:
+        """Draft for a verifier whose vocabulary has `target_n_vocab` tokens and is the
+        same as ours or compatible with it: ids beyond it are never drafted (their logits
+        are masked before the pick or the draw), and the verifier's ids beyond ours
+        (padding, in a compatible pair) are read as our padding token. Every sequence of
+        the context drafts so."""
+        self.context.target_n_vocab = None if target_n_vocab == self.n_vocab else target_n_vocab
+        self.context.vocab_relation = relation
+
+    @property
+    def vocab_relation(self) -> str:
+        """ "same", "compatible" or "translated": how drafts reach the verifier."""
+        return self.context.vocab_relation
+
+    @property
+    def target_n_vocab(self) -> int:
+        """The verifier's vocabulary size (ours, unless `draft_for` said otherwise)."""
+        return self.context.target_n_vocab or self.n_vocab
+
     def token_bytes(self, token: int) -> bytes:
+        if not 0 <= token < self.n_vocab:
+            return b""  # a verifier's padding token: no text
         return self.runtime.token_bytes(token)
 
     def chat_prompt(self, user: str, system: str | None = None) -> str:
-        messages = [("system", system)] if system else []
-        messages.append(("user", user))
-        return self.render_chat(messages)
+        return self.runtime.chat_prompt(user, system)
 
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        """(role, content) messages through the model's own chat template, ready for the
-        assistant's turn."""
         return self.runtime.apply_chat_template(messages)
 
     def starts_with_bos(self, text: str) -> bool:
-        bos_text = self.runtime.token_text(self.runtime.bos_id)
-        return bool(bos_text) and text.encode().startswith(bos_text)
+        return self.runtime.starts_with_bos(text)
 
     # -- CandidateGenerator -----------------------------------------------------------
 
@@ -147,10 +163,11 @@ class DraftModel:
         sampled = self.policy.sample_drafts
         if k <= 0:
             return Draft([], [] if sampled else None)
+        committed = self._own_ids(committed)
         draft_tokens, draft_probs = self._reusable(committed, k)
         reused = len(draft_tokens)
         if len(draft_tokens) < k and not (draft_tokens and self.runtime.is_eog(draft_tokens[-1])):
-            logits = self._sync([*committed, *draft_tokens])
+            logits = self._within_target(self._sync([*committed, *draft_tokens]))
             while True:
                 q = None
                 if sampled:
@@ -166,7 +183,7 @@ class DraftModel:
                 draft_probs.append(q)
                 if len(draft_tokens) == k or self.runtime.is_eog(token) or (stop and stop()):
                     break
-                logits = self._evaluate([token])
+                logits = self._within_target(self._evaluate([token]))
         self._chain_start, self._chain = (
             len(committed),
             list(zip(draft_tokens, draft_probs, strict=True)),
@@ -181,7 +198,7 @@ class DraftModel:
         if prefill.prompt is not None:
             tokens = self.runtime.tokenize(prefill.prompt, add_special=prefill.add_bos)
         else:
-            tokens = list(prefill.prompt_tokens or [])
+            tokens = self._own_ids(prefill.prompt_tokens or [])
         if tokens:
             self._sync(tokens)
 
@@ -209,6 +226,24 @@ class DraftModel:
     def close(self) -> None:
         if self._owns_context:
             self.context.close()
+
+    # -- a compatible verifier's vocabulary --------------------------------------------
+
+    def _within_target(self, logits: np.ndarray) -> np.ndarray:
+        limit = self.context.target_n_vocab
+        if limit is None or limit >= len(logits):
+            return logits
+        masked = logits.copy()  # the cached row stays as the model gave it
+        masked[limit:] = -np.inf
+        return masked
+
+    def _own_ids(self, tokens: Sequence[int]) -> Sequence[int]:
+        limit = self.context.target_n_vocab
+        if limit is None or limit <= self.n_vocab:
+            return tokens
+        pad = self.runtime.pad_id
+        stand_in = pad if 0 <= pad < self.n_vocab else self.runtime.eos_id
+        return [t if t < self.n_vocab else stand_in for t in tokens]
 
     # -- the last drafted chain -------------------------------------------------------
 

@@ -70,6 +70,7 @@ class SpeculativeFigures(BaseModel):
 
     strategy: str
     lossless: bool
+    vocab: str = "same"  # the drafter's vocabulary against the verifier's
     rounds: int
     drafted: int
     accepted: int

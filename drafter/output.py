@@ -48,6 +48,13 @@ def speedup(result: SpeculativeResult, baseline: BaselineResult) -> float:
     return result.stats.tokens_per_s / base if base > 0 else 0.0
 
 
+VOCAB_NOTES = {
+    "same": "same as the verifier's",
+    "compatible": "compatible with the verifier's (ids sent as they are)",
+    "translated": "another tokenizer (drafts translated through text)",
+}
+
+
 def lossless_note(result: SpeculativeResult) -> str:
     """Why the output may not be exactly the verifier's own, if it may not be."""
     if result.lossless:
@@ -107,6 +114,7 @@ class TextRenderer:
             ("bytes received", f"{stats.bytes_received:,}"),
         ]
         rows.insert(0, ("strategy", f"{result.strategy}{lossless_note(result)}"))
+        rows.insert(1, ("vocabulary", VOCAB_NOTES.get(result.vocab, result.vocab)))
         rows += [
             (
                 "bytes per round",
@@ -162,6 +170,7 @@ class JsonRenderer:
             "finish_reason": result.finish_reason,
             "strategy": result.strategy,
             "lossless": result.lossless,
+            "vocab": result.vocab,
             "stats": result.stats.as_dict(),
         }
         if baseline is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -17,6 +17,7 @@ from drafter.loop import CandidateGenerator, RoundEvent, SpeculativeLoop, Specul
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithNgram, NgramDrafter
 from drafter.output import BaselineResult
+from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
 from server.protocol import (
     GenerateRequest,
     InfoResponse,
@@ -25,6 +26,7 @@ from server.protocol import (
     Strategy,
     strategy_for,
 )
+from server.runtime import LlamaError, LlamaVocab
 
 # The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
@@ -55,6 +57,8 @@ class RunOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     strategy: Strategy | None = None
     threshold: float | None = None
+    # Draft through text for a verifier with another tokenizer (off: refuse the pair).
+    translate: bool = True
 
     @property
     def effective_strategy(self) -> Strategy:
@@ -92,10 +96,11 @@ def connect(options: RunOptions, max_retries: int | None = None) -> VerifierClie
 
 
 def load_checked_drafter(
-    client: VerifierClient, options: RunOptions, n_seq: int = 1
-) -> tuple[DraftModel, InfoResponse]:
-    """The draft model (sequence 0 of a context of `n_seq`), refused unless its
-    vocabulary is the verifier's; and /info."""
+    client: VerifierClient, options: RunOptions, n_seq: int = 1, translate: bool | None = None
+) -> tuple[DraftModel, InfoResponse, str]:
+    """The draft model (sequence 0 of a context of `n_seq`), refused unless its ids can
+    reach the verifier (the same or a compatible vocabulary, or with `translate`, any);
+    /info; and a sentence on how it drafts, naming both models, where that is not plain."""
     info = client.info()
     check_protocol(info)
     if options.draft_n != "auto" and options.draft_n > info.max_draft:
@@ -111,25 +116,40 @@ def load_checked_drafter(
         verbose=options.verbose,
     )
     try:
-        check_vocabulary(
+        mode, note = check_vocabulary(
             info,
+            model.vocab_facts(),
             drafter_name=model.name,
             drafter_path=options.model,
-            vocab_hash=model.vocab_hash,
-            n_vocab=model.n_vocab,
+            translate=translate,
         )
     except DrafterError:
         model.close()
         raise
-    return model, info
+    if mode == "translated":
+        model.context.vocab_relation = mode  # its own ids never leave the drafter
+    else:
+        model.draft_for(info.n_vocab, mode)
+    return model, info, note
 
 
-def prompt_request(model: DraftModel, options: RunOptions) -> PrefillRequest:
+def verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVocab:
+    """The verifier's vocabulary, for drafting through text: fetched once per hash."""
+    try:
+        path = cached_vocab_file(info.vocab_hash, client.vocab_file)
+        return vocab_matches(path, info.vocab_hash)
+    except (ValueError, OSError, LlamaError) as exc:
+        raise DrafterError(f"the verifier's vocabulary file is not usable: {exc}") from exc
+
+
+def prompt_request(vocab: LlamaVocab, options: RunOptions) -> PrefillRequest:
+    """The prefill of --prompt; with --chat, through `vocab`'s chat template (the
+    verifier's own where the drafter's tokenizer is another)."""
     prompt, add_bos = options.prompt, True
     if options.chat:
-        prompt = model.chat_prompt(options.prompt, options.system)
+        prompt = vocab.chat_prompt(options.prompt, options.system)
         # Some templates write the BOS text themselves; another would change the prompt.
-        add_bos = not model.starts_with_bos(prompt)
+        add_bos = not vocab.starts_with_bos(prompt)
     return PrefillRequest(
         prompt=prompt,
         add_bos=add_bos,
@@ -152,12 +172,19 @@ def draft_policy(options: RunOptions) -> DraftPolicy:
     )
 
 
-def candidate_generator(model: DraftModel, options: RunOptions) -> CandidateGenerator:
-    """Who drafts: the draft model, prompt lookup, or prompt lookup with the model behind."""
+def candidate_generator(
+    model: DraftModel, options: RunOptions, target: LlamaVocab | None = None
+) -> CandidateGenerator:
+    """Who drafts: the draft model (through text when `target`, the verifier's
+    vocabulary, is given), prompt lookup, or prompt lookup with the model behind."""
+    drafter = model if target is None else TranslatingDrafter(model, target)
     if options.drafter == "model":
-        return model
-    ngram = NgramDrafter(model.n_vocab, sample_drafts=options.effective_strategy == "rejection")
-    return ngram if options.drafter == "ngram" else ModelWithNgram(ngram, model)
+        return drafter
+    # Prompt lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
+    sampled = options.effective_strategy == "rejection"
+    n_vocab = model.target_n_vocab if target is None else target.n_vocab
+    ngram = NgramDrafter(n_vocab, sample_drafts=sampled)
+    return ngram if options.drafter == "ngram" else ModelWithNgram(ngram, drafter)
 
 
 def draft_length(options: RunOptions, info: InfoResponse) -> DraftLength:
@@ -171,15 +198,20 @@ def draft_length(options: RunOptions, info: InfoResponse) -> DraftLength:
 
 
 def speculative_loop(
-    model: DraftModel, client: VerifierClient, info: InfoResponse, options: RunOptions
+    model: DraftModel,
+    client: VerifierClient,
+    info: InfoResponse,
+    options: RunOptions,
+    target: LlamaVocab | None = None,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(options))
     return SpeculativeLoop(
-        candidate_generator(model, options),
+        candidate_generator(model, options, target),
         client,
         draft_n=draft_length(options, info),
         n_ctx=info.n_ctx,
         pipeline=options.use_pipeline,
+        vocab=model.vocab_relation,
     )
 
 
@@ -208,11 +240,25 @@ def measure_baseline(
 def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
     with connect(options) as client:
         renderer.status(f"verifier {options.server}; loading {options.model.name}")
-        model, info = load_checked_drafter(client, options)
+        model, info, note = load_checked_drafter(client, options, translate=options.translate)
+        target = None
         try:
-            request = prompt_request(model, options)
-            loop = speculative_loop(model, client, info, options)
-            renderer.start(model.token_bytes)
+            if note:
+                renderer.status(note)
+            if model.vocab_relation == "translated":
+                target = verifier_vocab(client, info)
+                if options.effective_strategy == "rejection":
+                    # q over the drafter's vocabulary is not a distribution over the
+                    # verifier's tokens: `match` is lossless without one.
+                    renderer.status(
+                        "rejection sampling needs the drafter's probabilities over the "
+                        "verifier's tokens, which another tokenizer cannot give: verifying "
+                        "with --strategy match instead (lossless too)"
+                    )
+                    options = replace(options, strategy="match")
+            request = prompt_request(target or model.runtime, options)
+            loop = speculative_loop(model, client, info, options, target)
+            renderer.start((target or model).token_bytes)
             for event in loop.run(request, options.max_tokens):
                 renderer.round(event)
             result = loop.result
@@ -225,4 +271,6 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
             renderer.finish(result, baseline)
             return result
         finally:
+            if target is not None:
+                target.close()
             model.close()

@@ -86,13 +86,18 @@ class SpeculativeBackend:
         # A person is waiting on the other side: fail fast rather than retry for long.
         clients = [connect(self.options, max_retries=1) for _ in range(self.parallel)]
         try:
-            first, self.info = load_checked_drafter(clients[0], self.options, n_seq=self.parallel)
+            # Ids as they are only: serve tokenizes prompts with the draft model.
+            first, self.info, note = load_checked_drafter(
+                clients[0], self.options, n_seq=self.parallel
+            )
         except BaseException:
             for client in clients:
                 client.close()
             raise
         models = [first, *(DraftModel.on(first.context, i) for i in range(1, self.parallel))]
         self.model_id = self.info.model
+        if note:
+            log.info("%s", note)
         log.info(
             "draft model %s ready for verifier %s, %d generations at once",
             first.name,
@@ -195,6 +200,7 @@ class SpeculativeBackend:
             figures=SpeculativeFigures(
                 strategy=result.strategy,
                 lossless=result.lossless,
+                vocab=result.vocab,
                 rounds=stats.rounds,
                 drafted=stats.drafted,
                 accepted=stats.accepted,

@@ -16,15 +16,15 @@ if command -v apt-get >/dev/null 2>&1; then
         if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
             apt=(sudo apt-get)
         else
-            say "nginx is missing and installing it needs root: apt-get install nginx-light"
+            say "nginx is missing and installing it needs root: apt-get install nginx"
             exit 0
         fi
     fi
-    say "installing nginx (nginx-light) with apt-get"
+    say "installing nginx with apt-get"
     export DEBIAN_FRONTEND=noninteractive
-    "${apt[@]}" install -y -q nginx-light >/dev/null \
-        || { "${apt[@]}" update -q >/dev/null && "${apt[@]}" install -y -q nginx-light >/dev/null; } \
-        || say "apt-get could not install nginx-light"
+    "${apt[@]}" install -y -q nginx >/dev/null \
+        || { "${apt[@]}" update -q >/dev/null && "${apt[@]}" install -y -q nginx >/dev/null; } \
+        || say "apt-get could not install nginx"
 elif command -v brew >/dev/null 2>&1; then
     say "installing nginx with Homebrew"
     brew install nginx >/dev/null || say "brew could not install nginx"

@@ -88,6 +88,8 @@ def main() -> None:
         for thread in threads:
             thread.start()
         while min(len(t) for t in round_times) < ROUNDS_BEFORE_KILL:
+            if not all(thread.is_alive() for thread in threads):
+                raise SystemExit("a drafter ended before the kill: use more --tokens")
             time.sleep(0.01)
         loads = [active_sessions(v.url) for v in replicas.verifiers]
         victim = replicas.verifiers[loads.index(max(loads))]

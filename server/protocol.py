@@ -6,9 +6,7 @@ changed here changes both ends at once.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, model_validator
@@ -172,6 +170,15 @@ class InfoResponse(ResponseModel):
     eos_id: int
     add_bos: bool
     vocab_hash: str
+    # What a drafter with another vocabulary needs to judge it as llama.cpp does
+    # (server/vocab.py); an older verifier leaves them out, and only "same" passes.
+    vocab_type: str = ""
+    add_eos: bool = False
+    vocab_text_hashes: dict[int, str] = Field(
+        default_factory=dict,
+        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
+        "of n_vocab: a drafter compares the range both vocabularies have",
+    )
     max_draft: int
     max_sessions: int
     flash_attn: bool
@@ -218,17 +225,3 @@ def strategy_for(strategy: Strategy | None, sampling: SamplingParams) -> Strateg
     """The strategy asked for, or the natural one for the sampling: greedy at temperature
     0, else rejection sampling. One rule for the drafter and the verifier."""
     return strategy or ("greedy" if sampling.greedy else "rejection")
-
-
-def vocab_fingerprint(pieces: Iterable[bytes]) -> str:
-    """Hash of a vocabulary: every token's raw text, in id order.
-
-    Both sides compute it the same way, so equal hashes mean the drafter's token ids
-    mean the same thing to the verifier.
-    """
-    digest = hashlib.sha256()
-    for token_id, piece in enumerate(pieces):
-        digest.update(token_id.to_bytes(4, "little"))
-        digest.update(len(piece).to_bytes(4, "little"))
-        digest.update(piece)
-    return digest.hexdigest()

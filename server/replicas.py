@@ -24,7 +24,7 @@ LOOPBACK_TEMPLATE = NGINX_DIR / "loopback.conf"
 NGINX_PLACES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/opt/homebrew/bin/nginx")
 INSTALL_HINT = (
     "install it with the system's package manager (Debian/Ubuntu: apt-get install "
-    "nginx-light; macOS: brew install nginx); ./scripts/test.sh does so where it can"
+    "nginx; macOS: brew install nginx); ./scripts/test.sh does so where it can"
 )
 
 
@@ -103,6 +103,18 @@ class LocalBalancer:
         finally:
             conn.close()
 
+    def wait_logged(self, session_ids: Sequence[str], timeout: float = 60.0) -> None:
+        """Until every session's DELETE is in the access log (nginx writes a request's
+        line after its answer is sent)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.access_log.read_text()
+            if all(f"DELETE /sessions/{s} " in text for s in session_ids):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("the access log never showed every session's DELETE")
+            time.sleep(0.05)
+
     def replica_of_sessions(self) -> dict[str, set[str]]:
         """Each session id in the access log, with the replicas that answered it."""
         answered: dict[str, set[str]] = {}
@@ -134,6 +146,9 @@ class LocalReplicas:
         self.balancer: LocalBalancer | None = None
         try:
             # Started together: they load and probe their models side by side.
+            # Passive checks only in open-source nginx: a loading replica refuses
+            # connections, so that it is passed over rather than answering 503.
+            env = {**env, "VERIFIER_LISTEN_AFTER_LOAD": "true"}
             self.verifiers = [
                 LocalVerifier(dict(env), command_prefix=command_prefix) for _ in range(n)
             ]

@@ -1,8 +1,9 @@
 """The one module that imports llama_cpp: a thin, side-neutral wrapper over its C API.
 
-The verifier engine and the drafter's model both sit on this class, so the fast-moving
+The verifier engine and the drafter's model both sit on these classes, so the fast-moving
 llama.cpp API (llama_memory_seq_rm, flash_attn_type, the vocab functions) is touched in
-one place only. It holds one model and one context with `n_seq_max` KV sequences.
+one place only. LlamaVocab is a model's vocabulary (loadable without its weights);
+LlamaRuntime adds the weights and one context with `n_seq_max` KV sequences.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
+
+from server.vocab import VOCAB_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +78,16 @@ def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-class LlamaRuntime:
+class LlamaVocab:
+    """A model file's vocabulary, chat template and metadata. With `vocab_only`, the
+    weights are never read: a vocabulary file (GET /vocab) is enough."""
+
     def __init__(
         self,
         model_path: str | Path,
         *,
-        n_ctx_per_seq: int,
-        n_seq_max: int = 1,
-        n_batch: int = 512,
-        n_threads: int = 0,
+        vocab_only: bool = False,
         n_gpu_layers: int = 0,
-        flash_attn: bool = True,
         verbose: bool = False,
     ):
         model_path = Path(model_path)
@@ -93,42 +95,14 @@ class LlamaRuntime:
             raise FileNotFoundError(f"model file not found: {model_path}")
         _init_backend(verbose)
         self.model_path = model_path
-
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
+        model_params.vocab_only = vocab_only
         self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
         if not self._model:
             raise LlamaError(f"llama.cpp could not load the model {model_path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-
-        ctx_params = llama_cpp.llama_context_default_params()
-        # Each session gets its own KV stream of n_ctx_per_seq cells (kv_unified off), so
-        # one session's length never eats another's room.
-        ctx_params.n_ctx = n_ctx_per_seq * n_seq_max
-        ctx_params.n_seq_max = n_seq_max
-        ctx_params.kv_unified = False
-        ctx_params.n_batch = n_batch
-        ctx_params.n_ubatch = n_batch
-        ctx_params.n_threads = ctx_params.n_threads_batch = n_threads or usable_cores()
-        ctx_params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if flash_attn
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
-        ctx_params.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
-        if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
-            raise LlamaError("llama.cpp could not create a context (out of memory?)")
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_seq_max = n_seq_max
-        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
-        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.n_threads = int(llama_cpp.llama_n_threads(self._ctx))
-        self.flash_attn = flash_attn
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.decoded_tokens_total = 0
         self._closed = False
 
     # -- model facts ------------------------------------------------------------------
@@ -144,6 +118,20 @@ class LlamaRuntime:
     @property
     def add_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
+
+    @property
+    def vocab_type(self) -> str:
+        kind = int(llama_cpp.llama_vocab_type(self._vocab))
+        return VOCAB_TYPES.get(kind, f"type {kind}")
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token's id, or -1 where the vocabulary has none."""
+        return int(llama_cpp.llama_vocab_pad(self._vocab))
 
     @property
     def description(self) -> str:
@@ -190,20 +178,32 @@ class LlamaRuntime:
             )
         return list(buf[:n])
 
-    def token_bytes(self, token: int) -> bytes:
-        """The raw bytes a token contributes to the text (control tokens give b"")."""
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes a token contributes to the text (control tokens give b"", or
+        with `special` their own spelling, `<|im_start|>`)."""
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        messages = [("system", system)] if system else []
+        messages.append(("user", user))
+        return self.apply_chat_template(messages)
+
+    def starts_with_bos(self, text: str) -> bool:
+        """Whether a rendered prompt writes the BOS text itself (some templates do)."""
+        bos_text = self.token_text(self.bos_id)
+        return bool(bos_text) and text.encode().startswith(bos_text)
+
     def apply_chat_template(self, messages: Sequence[tuple[str, str]]) -> str:
-        """Render (role, content) messages with the model's own chat template."""
+        """Render (role, content) messages with the model's own chat template, ready for
+        the assistant's turn."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if template is None:
             raise LlamaError(f"{self.model_path.name} has no chat template")
@@ -224,6 +224,57 @@ class LlamaRuntime:
                 return buf.raw[:n].decode("utf-8")
             size = n
         raise LlamaError("chat template output kept growing")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama_cpp.llama_model_free(self._model)
+
+
+class LlamaRuntime(LlamaVocab):
+    """A model and one context with `n_seq_max` KV sequences."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx_per_seq: int,
+        n_seq_max: int = 1,
+        n_batch: int = 512,
+        n_threads: int = 0,
+        n_gpu_layers: int = 0,
+        flash_attn: bool = True,
+        verbose: bool = False,
+    ):
+        super().__init__(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        ctx_params = llama_cpp.llama_context_default_params()
+        # Each session gets its own KV stream of n_ctx_per_seq cells (kv_unified off), so
+        # one session's length never eats another's room.
+        ctx_params.n_ctx = n_ctx_per_seq * n_seq_max
+        ctx_params.n_seq_max = n_seq_max
+        ctx_params.kv_unified = False
+        ctx_params.n_batch = n_batch
+        ctx_params.n_ubatch = n_batch
+        ctx_params.n_threads = ctx_params.n_threads_batch = n_threads or usable_cores()
+        ctx_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        ctx_params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            super().close()
+            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_seq_max = n_seq_max
+        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.n_threads = int(llama_cpp.llama_n_threads(self._ctx))
+        self.flash_attn = flash_attn
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.decoded_tokens_total = 0
 
     # -- the KV cache -----------------------------------------------------------------
 
@@ -298,10 +349,9 @@ class LlamaRuntime:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
-        llama_cpp.llama_model_free(self._model)
+        super().close()
 
 
 def quantize_model(

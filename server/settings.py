@@ -62,6 +62,12 @@ class VerifierSettings(BaseSettings):
     # Batched and one-at-a-time decoding agree bit for bit only with flash attention on
     # (see DESIGN.md, Numerics); turning it off breaks greedy losslessness.
     flash_attn: bool = Field(True, description="use flash attention (needed for exactness)")
+    listen_after_load: bool = Field(
+        False,
+        description="load the model before accepting connections (a failed load exits): "
+        "behind a balancer that checks replicas only by their connections (open-source "
+        "nginx), a loading replica is then passed over instead of answering 503",
+    )
     verbose: bool = Field(False, description="print llama.cpp's own log to stderr")
 
 

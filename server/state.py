@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -21,6 +22,9 @@ class AppState:
     engine: Engine | None = None
     scheduler: BatchScheduler | None = None
     load_error: str | None = None
+    # GET /vocab's file, written once on first demand (server/vocab_file.py).
+    vocab_file: bytes | None = None
+    vocab_file_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def get_state(request: Request) -> AppState:

@@ -1,11 +1,14 @@
-"""Health, model facts and metrics."""
+"""Health, model facts, the vocabulary file and metrics."""
 
-from fastapi import APIRouter, Response
+import asyncio
+
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.protocol import HealthResponse, InfoResponse
 from server.state import SchedulerDep, StateDep
+from server.vocab_file import vocab_only_gguf
 
 router = APIRouter(tags=["service"])
 
@@ -27,6 +30,29 @@ async def health(state: StateDep) -> JSONResponse:
 @router.get("/info", response_model=InfoResponse)
 async def info(scheduler: SchedulerDep) -> InfoResponse:
     return scheduler.engine.info()
+
+
+@router.get(
+    "/vocab",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, 304: {}},
+)
+async def vocab(request: Request, state: StateDep, scheduler: SchedulerDep) -> Response:
+    """The verifier's vocabulary as a GGUF file without tensors (llama.cpp loads it with
+    `vocab_only`): tokenizer, chat template, special tokens. Its ETag is the vocabulary
+    hash of /info, so a drafter keeps one copy per vocabulary."""
+    engine = scheduler.engine
+    etag = f'"{engine.vocab.hash}"'
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=0, must-revalidate"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    async with state.vocab_file_lock:
+        if state.vocab_file is None:
+            # Reading the model's metadata takes a while: off the event loop, once.
+            state.vocab_file = await asyncio.to_thread(vocab_only_gguf, engine.runtime.model_path)
+    stem = engine.runtime.model_path.stem
+    headers["Content-Disposition"] = f'attachment; filename="{stem}.vocab.gguf"'
+    return Response(state.vocab_file, media_type="application/octet-stream", headers=headers)
 
 
 @router.get("/metrics", response_class=Response)

@@ -107,7 +107,9 @@ def test_baseline_reports_a_measured_speedup(live_verifier):
 
 def test_vocabulary_mismatch_names_both_models(live_verifier, tmp_path):
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
-    result = invoke("--server", live_verifier.url, "--model", str(tiny), "--prompt", "hi")
+    result = invoke(
+        "--server", live_verifier.url, "--model", str(tiny), "--prompt", "hi", "--no-translate"
+    )
     assert result.exit_code == 3
     message = " ".join(result.output.split())
     assert "vocabulary mismatch" in message

@@ -8,6 +8,7 @@ import random
 import re
 import signal
 import threading
+import time
 import types
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import drafter.loop
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from server.local import LocalVerifier
 from server.protocol import SESSION_ID_HEADER, PrefillRequest
 from server.replicas import LocalReplicas, NginxMissing, find_nginx
 from server.settings import VerifierSettings
@@ -38,6 +40,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 HOLD_AT_ROUND = 2  # rounds done before the replica dies
+JOIN_GUARD_S = 900
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +82,7 @@ def ids_spread_over(replicas: LocalReplicas, n: int) -> list[str]:
         candidate = uuid.UUID(int=rng.getrandbits(128), version=4).hex
         response = httpx.get(f"{replicas.url}/health", headers={SESSION_ID_HEADER: candidate})
         assert response.status_code == 200, response.text
-        (answered_by,) = replicas.balancer.replica_of_sessions()[candidate]
-        buckets[answered_by].append(candidate)
+        buckets[response.headers["x-replica"]].append(candidate)
     in_turn = [ids[k] for k in range(per_replica) for ids in buckets.values()]
     return in_turn[:n]
 
@@ -129,12 +131,18 @@ class Drafters:
         return self
 
     def join(self) -> Drafters:
-        for thread in self.threads:
-            # A guard, not a measure: a request left hanging fails here, not CI's clock.
-            thread.join(timeout=900)
+        """Waits for every drafter, then checks none failed or hung."""
+        self.wait()
         assert not any(t.is_alive() for t in self.threads), "a drafter never finished"
         assert not self.errors, self.errors
         return self
+
+    def wait(self) -> None:
+        # A guard, not a measure: one deadline for all, so that a request left hanging
+        # fails the test well inside CI's time.
+        deadline = time.monotonic() + JOIN_GUARD_S
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _run(self, i: int) -> None:
         self.models[i].reset()
@@ -175,6 +183,7 @@ def test_eight_drafters_through_nginx_get_their_solo_output_spread_over_replicas
     with start_replicas(verifier_model) as replicas:
         use_session_ids(monkeypatch, ids_spread_over(replicas, len(PROMPTS)))
         drafters = Drafters(replicas.url, draft_models).start().join()
+        replicas.balancer.wait_logged(drafters.session_ids)
         assert drafters.tokens == [solo[p] for p in PROMPTS]
         # Every request of a session reached one replica; the replicas' own metrics
         # count the sessions each opened.
@@ -188,28 +197,36 @@ def test_eight_drafters_through_nginx_get_their_solo_output_spread_over_replicas
         ]
         assert min(opened) >= 2  # spread over all three
         assert [active_sessions(v.url) for v in replicas.verifiers] == [0, 0, 0]
+        # Requests without the header (curl's) all go to one replica, not round-robin.
+        headerless = {httpx.get(f"{replicas.url}/info").headers["x-replica"] for _ in range(6)}
+        assert len(headerless) == 1
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["gone", "restarted"])
 def test_kill_9_of_a_replica_mid_generation_costs_only_a_reprefill(
-    nginx, verifier_model, draft_models, solo, monkeypatch
+    nginx, verifier_model, draft_models, solo, monkeypatch, restart
 ):
-    """Every drafter is held after its third round (or its end), the replica holding the
-    most sessions still generating is killed, and they all go on."""
+    """Every drafter still generating is held after its third round; the replica holding
+    most of them is killed (and, restarted, comes back empty on its port before they go
+    on); they all finish as if nothing had happened."""
     arrived = threading.Condition()
-    held: dict[int, bool] = {}  # drafter -> still generating when held
+    held: dict[int, bool] = {}  # drafter -> held mid-generation (False: it had ended)
     released = threading.Event()
-
     rounds = [0] * len(PROMPTS)
 
     def hold(i: int, event) -> None:
         if event is not None:
             rounds[i] += 1
-        if released.is_set() or i in held or (event is not None and rounds[i] <= HOLD_AT_ROUND):
+        if released.is_set() or i in held:
             return
-        with arrived:
-            held[i] = event is not None and not event.eos
-            arrived.notify_all()
-        if event is not None:
+        if event is None:  # done before the hold, its session deleted
+            with arrived:
+                held[i] = False
+                arrived.notify_all()
+        elif rounds[i] > HOLD_AT_ROUND and not event.eos:
+            with arrived:
+                held[i] = True
+                arrived.notify_all()
             released.wait()
 
     with start_replicas(verifier_model) as replicas:
@@ -217,7 +234,7 @@ def test_kill_9_of_a_replica_mid_generation_costs_only_a_reprefill(
         drafters = Drafters(replicas.url, draft_models, hold).start()
         try:
             with arrived:
-                assert arrived.wait_for(lambda: len(held) == len(PROMPTS), timeout=900)
+                assert arrived.wait_for(lambda: len(held) == len(PROMPTS), timeout=JOIN_GUARD_S)
             routes = replicas.balancer.replica_of_sessions()
             generating_on = {
                 address: [
@@ -227,24 +244,29 @@ def test_kill_9_of_a_replica_mid_generation_costs_only_a_reprefill(
             }
             victim_address, interrupted = max(generating_on.items(), key=lambda kv: len(kv[1]))
             assert interrupted, generating_on
-            victim = replicas.verifiers[replica_addresses(replicas).index(victim_address)]
+            place = replica_addresses(replicas).index(victim_address)
+            victim = replicas.verifiers[place]
             assert active_sessions(victim.url) == len(interrupted)
             victim.process.send_signal(signal.SIGKILL)
             victim.process.wait()
+            if restart:  # the same settings, port and place in the ring; no sessions
+                replicas.verifiers[place] = LocalVerifier(victim.env, port=victim.port)
+                replicas.verifiers[place].wait_ready(timeout=300)
         finally:
             released.set()
-            drafters.join()
+            drafters.wait()
+        drafters.join()
+        replicas.balancer.wait_logged(drafters.session_ids)
         assert drafters.tokens == [solo[p] for p in PROMPTS]  # as if nothing had happened
         assert [s.recoveries for s in drafters.stats] == [
             int(i in interrupted) for i in range(len(PROMPTS))
         ]
-        # The interrupted sessions went on elsewhere under their ids; the others never
-        # moved; nothing is left open on the survivors.
         routes = replicas.balancer.replica_of_sessions()
         for i, session_id in enumerate(drafters.session_ids):
-            if i in interrupted:
+            if i not in interrupted:
+                assert len(routes[session_id]) == 1  # the others never moved
+            elif not restart:  # went on elsewhere, under the same id
                 assert len(routes[session_id]) == 2 and victim_address in routes[session_id]
-            else:
-                assert len(routes[session_id]) == 1
-        survivors = [v for v in replicas.verifiers if v is not victim]
-        assert [active_sessions(v.url) for v in survivors] == [0, 0]
+        # Nothing left open anywhere.
+        live = replicas.verifiers if restart else [v for v in replicas.verifiers if v is not victim]
+        assert all(active_sessions(v.url) == 0 for v in live)

@@ -196,3 +196,20 @@ def test_a_client_that_hangs_up_leaves_no_session_behind(live_verifier):
         f"{live_verifier.url}/generate", json={"prompt": PROMPT, "max_tokens": 2}, timeout=10
     )
     assert quick.status_code == 200
+
+
+def test_a_replica_that_listens_after_loading_refuses_until_ready_and_exits_if_it_cannot(
+    tmp_path,
+):
+    """VERIFIER_LISTEN_AFTER_LOAD: behind a passive balancer, a replica whose model fails
+    to load must not sit in the ring answering 503: it ends, with the reason logged."""
+    from server.local import LocalVerifier
+
+    env = {"VERIFIER_MODEL_PATH": str(tmp_path / "missing.gguf"), "VERIFIER_LISTEN_AFTER_LOAD": "1"}
+    verifier = LocalVerifier(env)
+    try:
+        assert verifier.process.wait(timeout=120) != 0  # a guard, not a measure
+        assert not verifier.healthy()
+        assert "missing.gguf" in verifier.log_path.read_text()
+    finally:
+        verifier.stop()

@@ -51,6 +51,41 @@ def test_health_and_info(client, verifier_model):
     assert info["flash_attn"] is True
     assert len(info["vocab_hash"]) == 64
     assert info["model_path"] == str(verifier_model)
+    assert (info["vocab_type"], info["add_bos"], info["add_eos"]) == ("bpe", False, False)
+    # Hashes of the checked ids [5, end) for every size a compatible vocabulary may have.
+    assert sorted(int(end) for end in info["vocab_text_hashes"]) == list(range(49024, 49153))
+
+
+def test_the_vocabulary_file_loads_vocab_only_and_tokenizes_as_the_verifier(
+    client, engine, tmp_path
+):
+    from server.runtime import LlamaVocab
+
+    response = client.get("/vocab")
+    assert response.status_code == 200
+    assert response.content[:4] == b"GGUF"
+    assert len(response.content) < 4 << 20  # the tokenizer only, no weights
+    assert response.headers["etag"] == f'"{client.get("/info").json()["vocab_hash"]}"'
+    again = client.get("/vocab", headers={"If-None-Match": response.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    path = tmp_path / "verifier.vocab.gguf"
+    path.write_bytes(response.content)
+    vocab = LlamaVocab(path, vocab_only=True)
+    try:
+        assert vocab.n_vocab == engine.runtime.n_vocab
+        for text in [
+            "Hello, world!",
+            "<|im_start|>user\nça va?<|im_end|>",
+            "def f(x):\n\treturn x",
+        ]:
+            for special in (True, False):
+                assert vocab.tokenize(text, add_special=special) == engine.runtime.tokenize(
+                    text, add_special=special
+                )
+        messages = [("system", "Be brief."), ("user", "Hi")]
+        assert vocab.apply_chat_template(messages) == engine.runtime.apply_chat_template(messages)
+    finally:
+        vocab.close()
 
 
 def test_prefill_returns_the_prompt_ids(client):

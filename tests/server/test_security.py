@@ -45,6 +45,7 @@ def assert_401(response):
 PROTECTED = [
     ("GET", "/info", None),
     ("GET", "/metrics", None),
+    ("GET", "/vocab", None),
     ("GET", "/openapi.json", None),
     ("GET", "/docs", None),
     ("POST", "/prefill", {"prompt": "hi"}),

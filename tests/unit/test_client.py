@@ -176,6 +176,23 @@ def test_retry_after_is_honoured_up_to_a_ceiling(scripted, sleeps):
     assert len(server.requests) == 3
 
 
+def test_only_the_retry_statuses_are_retried_whatever_retry_after_says(scripted, sleeps):
+    server = scripted(error_reply(429, "Too Many Requests", "rate_limited", b"Retry-After: 1\r\n"))
+    with pytest.raises(VerifierRejected) as rejected:
+        client_of(server)._call("GET", "/health", None, None)
+    assert rejected.value.status == 429 and len(server.requests) == 1 and sleeps == []
+
+
+def test_a_retry_after_urllib3_cannot_read_leaves_the_wait_to_the_backoff(scripted, sleeps):
+    server = scripted(
+        error_reply(503, "Service Unavailable", "server_busy", b"Retry-After: 0.5\r\n"),
+        content_length(OK_JSON),
+    )
+    client = client_of(server)
+    client._call("GET", "/health", None, None)
+    assert client.retries_done == 1 and len(server.requests) == 2
+
+
 def test_5xx_from_a_balancer_backs_off_with_jitter_then_gives_the_last_answer(scripted, sleeps):
     server = scripted(*[error_reply(502, "Bad Gateway", "bad_gateway")] * 4)
     client = client_of(server, max_retries=3)
@@ -281,9 +298,8 @@ def test_a_certificate_the_ca_does_not_vouch_for_is_not_retried(sleeps):
 def test_a_proxy_from_the_environment_carries_remote_verifiers_not_loopback(scripted, monkeypatch):
     proxy = scripted(content_length(OK_JSON))
     direct = scripted(content_length(OK_JSON))
-    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
+    clear_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", f"127.0.0.1:{proxy.port}")  # no scheme: as curl reads it
     VerifierClient("http://verifier.example:8000")._call("GET", "/health", None, None)
     client_of(direct)._call("GET", "/health", None, None)
     ((_, proxied),) = proxy.requests
@@ -294,6 +310,7 @@ def test_a_proxy_from_the_environment_carries_remote_verifiers_not_loopback(scri
 def test_no_proxy_is_read_as_curl_reads_it(monkeypatch):
     from drafter.client import proxy_for
 
+    clear_proxies(monkeypatch)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     monkeypatch.setenv("NO_PROXY", "gpu.internal,.lan")
     assert proxy_for("https://verifier.example") == "http://proxy.internal:3128"
@@ -301,3 +318,17 @@ def test_no_proxy_is_read_as_curl_reads_it(monkeypatch):
     assert proxy_for("https://box.lan") is None
     assert proxy_for("https://[::1]:8000") is None
     assert proxy_for("https://localhost:8000") is None
+
+
+def test_a_proxy_of_another_kind_is_a_clear_error(monkeypatch):
+    clear_proxies(monkeypatch)
+    monkeypatch.setenv("HTTPS_PROXY", "socks5h://127.0.0.1:1080")
+    with pytest.raises(VerifierUnavailable, match="not an http:// or https:// proxy"):
+        VerifierClient("https://verifier.example:8443")
+
+
+def clear_proxies(monkeypatch) -> None:
+    """Python reads the lower-case names first: a test sets what it means, nothing else."""
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)

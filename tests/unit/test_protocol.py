@@ -6,8 +6,8 @@ from server.protocol import (
     PrefillRequest,
     SamplingParams,
     VerifyRequest,
-    vocab_fingerprint,
 )
+from server.vocab import vocab_fingerprint
 
 
 def test_prefill_needs_exactly_one_prompt():

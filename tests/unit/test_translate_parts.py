@@ -1,0 +1,38 @@
+"""The pure parts of drafting through text: bytes to text at a token boundary that may
+fall inside a character, and the vocabulary file fetched once per hash."""
+
+from __future__ import annotations
+
+import pytest
+
+from drafter.translate import cached_vocab_file, text_of
+
+
+def test_an_incomplete_character_at_the_end_waits_for_the_next_round():
+    data = "naïve ☃".encode()
+    assert text_of(data) == "naïve ☃"
+    assert text_of(data[:-1]) == "naïve "  # the snowman's last byte is still to come
+    assert text_of(b"a\xffb") == "a\ufffdb"  # a byte that is never UTF-8: replaced
+
+
+def test_the_vocabulary_file_is_fetched_once_per_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fetched: list[str] = []
+
+    def fetch() -> bytes:
+        fetched.append("GET /vocab")
+        return b"GGUF..."
+
+    first = cached_vocab_file("a" * 64, fetch)
+    again = cached_vocab_file("a" * 64, fetch)
+    other = cached_vocab_file("b" * 64, fetch)
+    assert first == again != other
+    assert first.read_bytes() == b"GGUF..." and len(fetched) == 2
+    assert not list(first.parent.glob("*.part"))
+
+
+def test_a_vocab_hash_that_is_not_a_sha256_never_becomes_a_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="not a sha256"):
+        cached_vocab_file("../../escape", lambda: b"GGUF")
+    assert not any(tmp_path.rglob("*escape*"))
