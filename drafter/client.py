@@ -53,6 +53,7 @@ BACKOFF_FACTOR_S = 0.2
 BACKOFF_JITTER_S = 0.2
 # Also the most a server's Retry-After can make us wait between two tries.
 BACKOFF_CEILING_S = 5.0
+MAX_VOCAB_FILE_BYTES = 64 << 20
 
 
 class CountedRetry(Retry):
@@ -211,8 +212,19 @@ class VerifierClient:
         self._call("DELETE", f"/sessions/{quote(session_id, safe='')}", None, None, session_id)
 
     def vocab_file(self) -> bytes:
-        """The verifier's vocabulary as a vocabulary-only GGUF (GET /vocab)."""
-        return self._request("GET", "/vocab", None, None).data
+        """The verifier's vocabulary as a vocabulary-only GGUF (GET /vocab), refused past
+        MAX_VOCAB_FILE_BYTES: a tokenizer is a few MB, never a model's weights."""
+        response = self._request("GET", "/vocab", None, None, preload=False)
+        try:
+            data = response.read(MAX_VOCAB_FILE_BYTES + 1)
+        finally:
+            response.release_conn()
+        self.bytes_received += len(data)
+        if len(data) > MAX_VOCAB_FILE_BYTES:
+            raise VerifierUnavailable(
+                f"the verifier's vocabulary file is over {MAX_VOCAB_FILE_BYTES >> 20} MiB"
+            )
+        return data
 
     def close(self) -> None:
         self._http.clear()
@@ -243,7 +255,12 @@ class VerifierClient:
             ) from exc
 
     def _request(
-        self, method: str, path: str, body: BaseModel | None, session_id: str | None
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        session_id: str | None,
+        preload: bool = True,
     ) -> urllib3.BaseHTTPResponse:
         """The verifier's answer, retried as the policy says; 4xx and 5xx raise.
         `session_id` goes in the X-Session-Id header too: a balancer routes by it."""
@@ -266,13 +283,15 @@ class VerifierClient:
                 headers=headers,
                 retries=self._retry,
                 redirect=False,
+                preload_content=preload,
             )
         except MaxRetryError as exc:
             raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
         except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)
             raise self._unreachable(exc, self.retries_done - retries_before) from exc
         self.bytes_sent += framed_request_bytes(method, urlsplit(url).path, headers, content)
-        self.bytes_received += framed_response_bytes(response)
+        # A streamed body (preload off) is counted by whoever reads it.
+        self.bytes_received += framed_response_bytes(response, len(response.data) if preload else 0)
         if response.status >= 400:
             raise _rejection(response.status, response.reason or "", response.data)
         return response
@@ -297,10 +316,10 @@ def framed_request_bytes(
     return len(head.encode("latin-1")) + 2 + len(content or b"")
 
 
-def framed_response_bytes(response: urllib3.BaseHTTPResponse) -> int:
+def framed_response_bytes(response: urllib3.BaseHTTPResponse, body_bytes: int) -> int:
     start = f"HTTP/1.1 {response.status} {response.reason or ''}\r\n"
     head = start + "".join(f"{k}: {v}\r\n" for k, v in response.headers.items())
-    return len(head.encode("latin-1")) + 2 + len(response.data)
+    return len(head.encode("latin-1")) + 2 + body_bytes
 
 
 def _rejection(status: int, reason: str, body: bytes) -> VerifierRejected:

@@ -48,7 +48,8 @@ def vocab_cache_dir() -> Path:
 
 
 def cached_vocab_file(vocab_hash: str, fetch: Callable[[], bytes]) -> Path:
-    """The verifier's vocabulary file, fetched once per vocabulary hash."""
+    """The verifier's vocabulary file, fetched once per vocabulary hash; kept only once it
+    loads and is the vocabulary /info describes (`vocab_matches`)."""
     if not re.fullmatch(r"[0-9a-f]{64}", vocab_hash):  # a file name: never a path
         raise ValueError(f"the verifier's vocab_hash is not a sha256: {vocab_hash[:80]!r}")
     folder = vocab_cache_dir()
@@ -56,9 +57,16 @@ def cached_vocab_file(vocab_hash: str, fetch: Callable[[], bytes]) -> Path:
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         data = fetch()
+        if not data.startswith(b"GGUF"):
+            raise ValueError("GET /vocab did not answer with a GGUF file")
         partial = path.with_suffix(f".{os.getpid()}.part")
         partial.write_bytes(data)
-        partial.rename(path)  # whole or not at all, whoever else fetches it too
+        try:
+            vocab_matches(partial, vocab_hash).close()
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.rename(path)  # whole and checked, or not at all
     return path
 
 
@@ -80,7 +88,9 @@ class TranslatingDrafter:
         if k <= 0:
             return Draft([], None)
         began = time.perf_counter()
-        own = self._own_tokens(committed)
+        own = self._within_context(self._own_tokens(committed), k)
+        if not own:
+            return Draft([], None)
         drafting = time.perf_counter()
         draft = self.model.get_candidates(own, k, stop)
         drafted = time.perf_counter()
@@ -94,7 +104,9 @@ class TranslatingDrafter:
             text = prefill.prompt.encode()
         else:
             text = b"".join(self._piece(t) for t in prefill.prompt_tokens or [])
-        self.model.warm(PrefillRequest(prompt_tokens=self._tokenize_own(text), add_bos=False))
+        own = self._within_context(self._tokenize_own(text), 0)
+        if own:
+            self.model.warm(PrefillRequest(prompt_tokens=own, add_bos=False))
 
     # -- committed tokens -> the draft model's tokens --------------------------------
 
@@ -117,6 +129,13 @@ class TranslatingDrafter:
     def _own_tokens(self, committed: Sequence[int]) -> list[int]:
         return self._tokenize_own(self._committed_text(committed))
 
+    def _within_context(self, own: list[int], k: int) -> list[int]:
+        """The text's tail that fits the draft model's context with a draft (and one
+        drafted ahead) after it: another tokenizer may need many more tokens for the same
+        text than the verifier's context holds. The window slides, as llama.cpp's does."""
+        room = self.model.runtime.n_ctx_per_seq - 2 * (k + 1)
+        return own[-room:] if len(own) > room > 0 else own if room > 0 else []
+
     # -- draft text -> the verifier's ids --------------------------------------------
 
     def _target_ids(self, committed: Sequence[int], draft_text: bytes) -> list[int]:
@@ -138,6 +157,5 @@ def vocab_matches(path: Path, vocab_hash: str) -> LlamaVocab:
     target = LlamaVocab(path, vocab_only=True)
     if vocab_fingerprint(target.vocab_pieces()) != vocab_hash:
         target.close()
-        path.unlink(missing_ok=True)
         raise ValueError(f"{path.name} is not the verifier's vocabulary (hash differs)")
     return target

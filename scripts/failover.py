@@ -26,21 +26,12 @@ import httpx
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from scripts.loadtest import PROMPTS
 from server import DEFAULT_DRAFTER_MODEL
 from server.protocol import PrefillRequest
 from server.replicas import LocalReplicas
 from server.settings import VerifierSettings
 
-PROMPTS = [
-    "The history of the bicycle begins",
-    "def merge_sort(items):\n",
-    "Shopping list:\n1.",
-    "Dear Sir or Madam,",
-    "SELECT name, email FROM",
-    "The recipe for bread needs",
-    "In 1969, the first humans",
-    "Once upon a time, in a village",
-]
 ROUNDS_BEFORE_KILL = 3
 N_CTX = 1024
 

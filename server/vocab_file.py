@@ -18,8 +18,11 @@ def vocab_only_gguf(model_path: Path) -> bytes:
         target = Path(folder) / "vocab.gguf"
         writer = gguf.GGUFWriter(target, arch, endianess=reader.endianess)
         for field in reader.fields.values():
-            # The architecture and the GGUF header's own fields are the writer's to write.
-            if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            # The architecture and the GGUF header's own fields are the writer's to write;
+            # a split model's shard keys would make llama.cpp look for the other shards.
+            if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith(
+                ("GGUF.", "split.")
+            ):
                 continue
             value_type = field.types[0]
             sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None

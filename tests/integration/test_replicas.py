@@ -25,19 +25,10 @@ from server.protocol import SESSION_ID_HEADER, PrefillRequest
 from server.replicas import LocalReplicas, NginxMissing, find_nginx
 from server.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS, verifier_env
+from tests.integration.test_many_clients import PROMPTS  # eight, one a chat turn
 
 pytestmark = pytest.mark.integration
 
-PROMPTS = [
-    "The history of the bicycle begins",
-    "def merge_sort(items):\n",
-    "Shopping list:\n1.",
-    "<|im_start|>user\nName three planets.<|im_end|>\n<|im_start|>assistant\n",
-    "Dear Sir or Madam,",
-    "SELECT name, email FROM",
-    "The recipe for bread needs",
-    "In 1969, the first humans",
-]
 NEW_TOKENS = 32
 HOLD_AT_ROUND = 2  # rounds done before the replica dies
 JOIN_GUARD_S = 900

@@ -28,7 +28,8 @@ def fuzzed_verifier(verifier_model):
 def test_api_conforms_to_its_schema(fuzzed_verifier):
     schema = schemathesis.openapi.from_url(f"{fuzzed_verifier.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 7  # prefill, verify, delete, generate, health, info, metrics
+    # prefill, verify, delete, generate, health, info, vocab, metrics
+    assert len(operations) == 8
     for operation in operations:
 
         @given(case=operation.as_strategy())

@@ -43,6 +43,12 @@ def gemma() -> str:
     return str(MODELS_DIR / "gemma-3-270m-q4_k_m.gguf")
 
 
+@pytest.fixture(autouse=True)
+def own_vocab_cache(tmp_path_factory, monkeypatch):
+    """The verifier's vocabulary cached where the tests can see it, not in ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 def run_cli(url: str, model: str, *args: str) -> dict:
     result = runner.invoke(
         app,
@@ -68,9 +74,24 @@ def test_gemma_drafts_for_smollm2_greedy_output_is_the_verifiers(live_verifier, 
 
 
 def test_sampling_through_text_verifies_with_match_reproducibly(live_verifier, gemma):
-    args = ["--prompt", PLAIN[0], "--temperature", "0.8", "--seed", "11"]
+    args = ["--prompt", PLAIN[0], "--temperature", "0.8", "--seed", "11", "--baseline"]
     first = run_cli(live_verifier.url, gemma, *args)
     again = run_cli(live_verifier.url, gemma, *args)
     # Rejection sampling was asked for (the default at a temperature): `match` it is.
     assert first["strategy"] == "match" and first["lossless"] is True
     assert first["tokens"] == again["tokens"]
+    assert first["baseline"]["identical"] is True  # the verifier alone, same seed
+
+
+def test_a_prompt_longer_in_the_drafters_tokens_than_its_context_still_drafts(live_verifier, gemma):
+    """ChatML markup is text to Gemma: several times as many tokens as the verifier's
+    special tokens. The drafter keeps the tail that fits its context."""
+    turns = "".join(
+        f"<|im_start|>user\nsay {i}<|im_end|>\n<|im_start|>assistant\n{i}<|im_end|>\n"
+        for i in range(40)
+    )
+    prompt = turns + "<|im_start|>user\nsay 40<|im_end|>\n<|im_start|>assistant\n"
+    out = run_cli(live_verifier.url, gemma, "--prompt", prompt, "--baseline")
+    assert 600 < out["stats"]["prompt_tokens"] < 900  # fits the verifier, not the drafter
+    assert out["baseline"]["identical"] is True
+    assert out["stats"]["drafted"] > 0

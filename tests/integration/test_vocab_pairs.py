@@ -54,6 +54,12 @@ def padded_drafter(drafter_model, models_dir):
     )
 
 
+@pytest.fixture(autouse=True)
+def own_vocab_cache(tmp_path_factory, monkeypatch):
+    """The verifier's vocabulary cached where the tests can see it, not in ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 def generate(url: str, prompt: str) -> list[int]:
     response = httpx.post(
         f"{url}/generate", json={"prompt": prompt, "max_tokens": NEW_TOKENS}, timeout=120
