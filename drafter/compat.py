@@ -23,7 +23,7 @@ def check_protocol(info: InfoResponse) -> None:
         )
 
 
-def verifier_vocab(info: InfoResponse) -> VocabFacts:
+def verifier_vocab_facts(info: InfoResponse) -> VocabFacts:
     return VocabFacts(
         type=info.vocab_type,
         n_vocab=info.n_vocab,
@@ -57,7 +57,7 @@ def check_vocabulary(
     try:
         if not info.vocab_type and info.vocab_hash != drafter.hash:
             raise Incompatible("the verifier is too old to compare vocabularies beyond equality")
-        found = relation(verifier_vocab(info), drafter)
+        found = relation(verifier_vocab_facts(info), drafter)
     except Incompatible as exc:
         if translate and info.vocab_type:
             return "translated", (

@@ -133,7 +133,7 @@ def load_checked_drafter(
     return model, info, note
 
 
-def verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVocab:
+def load_verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVocab:
     """The verifier's vocabulary, for drafting through text: fetched once per hash."""
     try:
         path = cached_vocab_file(info.vocab_hash, client.vocab_file)
@@ -246,7 +246,7 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
             if note:
                 renderer.status(note)
             if model.vocab_relation == "translated":
-                target = verifier_vocab(client, info)
+                target = load_verifier_vocab(client, info)
                 if options.effective_strategy == "rejection":
                     # q over the drafter's vocabulary is not a distribution over the
                     # verifier's tokens: `match` is lossless without one.

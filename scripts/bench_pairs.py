@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from drafter.runner import verifier_vocab
+from drafter.runner import load_verifier_vocab
 from drafter.translate import TranslatingDrafter
 from server import MODELS_DIR
 from server.local import LocalVerifier
@@ -70,7 +70,7 @@ def main() -> None:
                 target = None
                 drafter = model
                 if model.vocab_facts().hash != info.vocab_hash:
-                    target = verifier_vocab(client, info)
+                    target = load_verifier_vocab(client, info)
                     drafter = TranslatingDrafter(model, target)
                 drafted = accepted = rounds = 0
                 draft_s = 0.0

@@ -572,3 +572,33 @@ def test_a_session_id_that_is_not_a_token_is_refused(client, bad):
     assert "session_id" in assert_error(response, 422, "invalid_request")["message"]
     header_only = client.post("/prefill", json={"prompt": PROMPT}, headers={"X-Session-Id": bad})
     assert_error(header_only, 400, "session_id_mismatch")
+
+
+def test_the_vocabulary_file_is_built_once_however_many_ask_at_once(client, monkeypatch):
+    """Several clients asking at the same moment (or the same one twice) get the same
+    file, written once: the build reads the whole model's metadata."""
+    import threading
+
+    import server.routes.service as service
+
+    state = client.app.state.verifier
+    monkeypatch.setattr(state, "vocab_file", None)
+    builds: list[object] = []
+    build = service.vocab_only_gguf
+
+    def counted(path):
+        builds.append(path)
+        return build(path)
+
+    monkeypatch.setattr(service, "vocab_only_gguf", counted)
+    bodies: list[bytes] = []
+    threads = [
+        threading.Thread(target=lambda: bodies.append(client.get("/vocab").content))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(bodies) == 3 and len(set(bodies)) == 1 and bodies[0][:4] == b"GGUF"
+    assert len(builds) == 1
