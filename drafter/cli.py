@@ -1,299 +1,187 @@
-"""`draft_token_generator`: drafts locally, verifies remotely, prints the verifier's text."""
+"""`draft_token_generator`: drafts locally, verifies remotely, prints the verifier's text.
+
+Thin commands over drafter/runner.py and drafter/serve: every flag is a field of
+`DrafterSettings` (its default and help text come from there), errors a user can act on
+become one message here.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
-from drafter.draft_length import parse_draft_n
 from drafter.errors import DrafterError
+from drafter.loop import prefer_quick_handoffs
 from drafter.output import JsonRenderer, TextRenderer
-from drafter.runner import RunOptions, run
-from server import DEFAULT_DRAFTER_MODEL
-from server.protocol import SamplingParams
-
-DEFAULT_SERVER = os.environ.get("DRAFTER_SERVER", "http://127.0.0.1:8000")
-
-
-class StrategyChoice(StrEnum):
-    greedy = "greedy"
-    rejection = "rejection"
-    match = "match"
-    threshold = "threshold"
+from drafter.runner import run
+from drafter.settings import DrafterKind, DrafterSettings, OutputFormat
+from server.shared.defaults import REPO_ROOT
+from server.shared.protocol import Strategy
 
 
-class OutputFormat(StrEnum):
-    text = "text"
-    json = "json"
+def _flag(name: str, *decls: str, default_text: str | None = None) -> Any:
+    """A typer option for the settings field `name`: its help text, and its default as
+    the settings give it (the flag itself defaults to None: not given)."""
+    field = DrafterSettings.model_fields[name]
+    default = field.default
+    shown = default_text or (
+        default.value if hasattr(default, "value") else str(default) if default is not None else ""
+    )
+    if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
+        shown = str(default.relative_to(REPO_ROOT))  # the models/ folder of this checkout
+    return typer.Option(
+        *(decls or (f"--{name.replace('_', '-')}",)),
+        help=field.description,
+        show_default=shown or False,
+    )
 
 
-ServerOpt = Annotated[
-    str, typer.Option("--server", "--dgx", help="verifier base URL", envvar="DRAFTER_SERVER")
-]
-ModelOpt = Annotated[
-    Path,
-    typer.Option(
-        "--model", help="draft model GGUF (same vocabulary as the verifier)", envvar="DRAFTER_MODEL"
-    ),
-]
-PromptOpt = Annotated[str | None, typer.Option("--prompt", help="the prompt text")]
-
-
-def _draft_n(value: str) -> int | str:
-    try:
-        k = parse_draft_n(value)
-    except ValueError:
-        raise typer.BadParameter("a number of tokens (0-256) or 'auto'") from None
-    if k is not None and k > 256:
-        raise typer.BadParameter("at most 256")
-    return "auto" if k is None else k
-
-
-DraftNOpt = Annotated[
-    str,
-    typer.Option(
-        "--draft-n",
-        help="tokens drafted per round (k), or 'auto': +2 after a fully accepted round, "
-        "-1 after a rejection (HF's heuristic schedule); with --drafter ngram, x2 after a "
-        "fully accepted round, else one past the accepted prefix",
-    ),
-]
-
-
-class DrafterChoice(StrEnum):
-    model = "model"
-    ngram = "ngram"
-    model_ngram = "model+ngram"
-
-
-DrafterOpt = Annotated[
-    DrafterChoice,
-    typer.Option(
-        "--drafter",
-        help="model | ngram (prompt lookup, no model) | model+ngram (lookup, else the model)",
-    ),
-]
+# One alias per flag, shared by both commands.
+ServerOpt = Annotated[str | None, _flag("server")]
+ApiKeyOpt = Annotated[str | None, _flag("api_key")]
+CaCertOpt = Annotated[Path | None, _flag("ca_cert")]
+TimeoutOpt = Annotated[float | None, _flag("timeout")]
+RetriesOpt = Annotated[int | None, _flag("retries")]
+ModelOpt = Annotated[Path | None, _flag("model")]
+GpuLayersOpt = Annotated[int | None, _flag("n_gpu_layers", default_text="all with Metal/CUDA")]
+ThreadsOpt = Annotated[int | None, _flag("threads")]
+VerboseOpt = Annotated[bool | None, _flag("verbose", "--verbose")]
+TranslateOpt = Annotated[bool | None, _flag("translate", "--translate/--no-translate")]
+DraftNOpt = Annotated[str | None, _flag("draft_n")]
+DrafterOpt = Annotated[DrafterKind | None, _flag("drafter")]
 PipelineOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--pipeline/--no-pipeline",
-        help="draft the next round while this one is verified (default: on with a model "
-        "drafter, except for seeded sampling)",
-        show_default=False,
-    ),
+    bool | None, _flag("pipeline", "--pipeline/--no-pipeline", default_text="auto")
 ]
-PMinOpt = Annotated[
-    float,
-    typer.Option(
-        "--p-min",
-        min=0.0,
-        max=1.0,
-        help="stop a draft where the draft model's probability falls below this (0 = off)",
-    ),
-]
-MaxTokensOpt = Annotated[
-    int, typer.Option("--max-tokens", min=1, help="tokens to generate at most")
-]
-ChatOpt = Annotated[bool, typer.Option("--chat", help="apply the model's chat template")]
-SystemOpt = Annotated[str | None, typer.Option("--system", help="system message (with --chat)")]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", help="text (streamed) or json")]
-GpuLayersOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--n-gpu-layers",
-        help="layers on the GPU (default: all where the build has Metal or CUDA, else 0)",
-    ),
-]
-ThreadsOpt = Annotated[
-    int,
-    typer.Option(
-        "--threads",
-        min=0,
-        envvar="DRAFTER_THREADS",
-        help="CPU threads (0 = the cores this process may use)",
-    ),
-]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=0.1, help="seconds per request")]
-BaselineOpt = Annotated[
-    bool, typer.Option("--baseline", help="also run the verifier alone and report the speedup")
-]
-TemperatureOpt = Annotated[
-    float, typer.Option("--temperature", min=0.0, help="0 = greedy (exact, the default)")
-]
-TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="keep the k most likely (0 = off)")]
-TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="nucleus mass (1 = off)")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", min=0, help="same seed, same output")]
-StrategyOpt = Annotated[
-    StrategyChoice | None,
-    typer.Option(
-        "--strategy",
-        help="greedy | rejection (default when sampling) | match | threshold (lossy)",
-    ),
-]
-ThresholdOpt = Annotated[
-    float | None,
-    typer.Option("--threshold", min=0.0, max=1.0, help="with --strategy threshold"),
-]
-ApiKeyOpt = Annotated[
-    str | None, typer.Option("--api-key", envvar="DRAFTER_API_KEY", help="verifier API key")
-]
-CaCertOpt = Annotated[
-    Path | None,
-    typer.Option("--ca-cert", help="CA certificate to trust for an https:// verifier"),
-]
-RetriesOpt = Annotated[
-    int, typer.Option("--retries", min=0, help="retries on lost connections and 5xx")
-]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", help="llama.cpp's log on stderr")]
-TranslateOpt = Annotated[
-    bool,
-    typer.Option(
-        "--translate/--no-translate",
-        help="draft through text for a verifier with another tokenizer (or refuse the pair)",
-    ),
-]
+PMinOpt = Annotated[float | None, _flag("p_min")]
+PromptOpt = Annotated[str | None, _flag("prompt")]
+ChatOpt = Annotated[bool | None, _flag("chat", "--chat")]
+SystemOpt = Annotated[str | None, _flag("system")]
+MaxTokensOpt = Annotated[int | None, _flag("max_tokens")]
+OutputOpt = Annotated[OutputFormat | None, _flag("output")]
+BaselineOpt = Annotated[bool | None, _flag("baseline", "--baseline")]
+TemperatureOpt = Annotated[float | None, _flag("temperature")]
+TopKOpt = Annotated[int | None, _flag("top_k")]
+TopPOpt = Annotated[float | None, _flag("top_p")]
+SeedOpt = Annotated[int | None, _flag("seed")]
+StrategyOpt = Annotated[Strategy | None, _flag("strategy", default_text="by temperature")]
+ThresholdOpt = Annotated[float | None, _flag("threshold")]
+HostOpt = Annotated[str | None, _flag("host")]
+PortOpt = Annotated[int | None, _flag("port")]
+ParallelOpt = Annotated[int | None, _flag("parallel")]
+QueueOpt = Annotated[int | None, _flag("queue")]
 
 app = typer.Typer(
     add_completion=False,
-    help="Speculative decoding with a local draft model and a remote verifier.",
+    help="Speculative decoding with a local draft model and a remote verifier. "
+    "Every option can also be set as a DRAFTER_<NAME> environment variable.",
 )
 
 
-# Options both commands take, passed to RunOptions as they are named.
-SHARED_OPTIONS = (
-    "server",
-    "model",
-    "draft_n",
-    "drafter",
-    "pipeline",
-    "p_min",
-    "n_gpu_layers",
-    "threads",
-    "timeout",
-    "api_key",
-    "ca_cert",
-    "verbose",
-)
+def settings_from(params: dict[str, Any]) -> DrafterSettings:
+    """The settings: the flags given, over DRAFTER_* variables, over the defaults."""
+    given = {name: value for name, value in params.items() if value is not None}
+    try:
+        return DrafterSettings(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "settings"
+        raise typer.BadParameter(error["msg"], param_hint=f"--{where.replace('_', '-')}") from None
 
 
-def _run_options(command_args: dict, **per_command) -> RunOptions:
-    """RunOptions from a command's arguments (its `locals()`): the shared ones by name,
-    then the command's own."""
-    shared = {name: command_args[name] for name in SHARED_OPTIONS}
-    shared["draft_n"] = _draft_n(shared["draft_n"])
-    shared["drafter"] = shared["drafter"].value
-    return RunOptions(**shared, **per_command)
+def fail(exc: DrafterError) -> typer.Exit:
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/bold red] {escape(str(exc))}")
+    return typer.Exit(exc.exit_code)
 
 
 @app.callback(invoke_without_command=True)
 def generate(
     ctx: typer.Context,
-    server: ServerOpt = DEFAULT_SERVER,
-    model: ModelOpt = DEFAULT_DRAFTER_MODEL,
+    server: ServerOpt = None,
+    model: ModelOpt = None,
     prompt: PromptOpt = None,
-    draft_n: DraftNOpt = "4",
-    drafter: DrafterOpt = DrafterChoice.model,
+    draft_n: DraftNOpt = None,
+    drafter: DrafterOpt = None,
     pipeline: PipelineOpt = None,
-    p_min: PMinOpt = 0.0,
-    max_tokens: MaxTokensOpt = 80,
-    chat: ChatOpt = False,
+    p_min: PMinOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    chat: ChatOpt = None,
     system: SystemOpt = None,
-    output: OutputOpt = OutputFormat.text,
+    output: OutputOpt = None,
     n_gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = 0,
-    timeout: TimeoutOpt = 60.0,
-    baseline: BaselineOpt = False,
-    temperature: TemperatureOpt = 0.0,
-    top_k: TopKOpt = 0,
-    top_p: TopPOpt = 1.0,
+    threads: ThreadsOpt = None,
+    timeout: TimeoutOpt = None,
+    baseline: BaselineOpt = None,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
     seed: SeedOpt = None,
     strategy: StrategyOpt = None,
     threshold: ThresholdOpt = None,
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
-    retries: RetriesOpt = 6,
-    translate: TranslateOpt = True,
-    verbose: VerboseOpt = False,
+    retries: RetriesOpt = None,
+    translate: TranslateOpt = None,
+    verbose: VerboseOpt = None,
 ) -> None:
     """Generate a completion of --prompt, drafting locally and verifying on --server."""
     if ctx.invoked_subcommand is not None:
         return
-    if prompt is None:
+    settings = settings_from(ctx.params)
+    if settings.prompt is None:
         raise typer.BadParameter("a prompt is needed", param_hint="--prompt")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr)
-    try:
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    except ValidationError as exc:
-        raise typer.BadParameter(exc.errors()[0]["msg"]) from None
-    options = _run_options(
-        locals(),
-        prompt=prompt,
-        chat=chat,
-        system=system,
-        max_tokens=max_tokens,
-        baseline=baseline,
-        retries=retries,
-        sampling=sampling,
-        strategy=strategy.value if strategy else None,
-        threshold=threshold,
-        translate=translate,
+    logging.basicConfig(
+        level=logging.INFO if settings.verbose else logging.WARNING, stream=sys.stderr
     )
-    renderer = JsonRenderer() if output is OutputFormat.json else TextRenderer()
+    renderer = JsonRenderer() if settings.output is OutputFormat.json else TextRenderer()
     try:
-        run(options, renderer)
+        run(settings, renderer)
     except DrafterError as exc:
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/bold red] {exc}")
-        raise typer.Exit(exc.exit_code) from None
+        raise fail(exc) from None
 
 
 @app.command()
 def serve(
-    server: ServerOpt = DEFAULT_SERVER,
-    model: ModelOpt = DEFAULT_DRAFTER_MODEL,
-    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
-    draft_n: DraftNOpt = "4",
-    drafter: DrafterOpt = DrafterChoice.model,
+    ctx: typer.Context,
+    server: ServerOpt = None,
+    model: ModelOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    draft_n: DraftNOpt = None,
+    drafter: DrafterOpt = None,
     pipeline: PipelineOpt = None,
-    p_min: PMinOpt = 0.0,
+    p_min: PMinOpt = None,
     n_gpu_layers: GpuLayersOpt = None,
-    threads: ThreadsOpt = 0,
-    timeout: TimeoutOpt = 60.0,
+    threads: ThreadsOpt = None,
+    timeout: TimeoutOpt = None,
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
-    verbose: VerboseOpt = False,
-    parallel: Annotated[
-        int,
-        typer.Option(
-            "--parallel",
-            min=1,
-            max=16,
-            help="generations at once, each its own draft sequence and verifier session",
-        ),
-    ] = 2,
-    queue: Annotated[
-        int,
-        typer.Option("--queue", min=0, help="requests waiting beyond --parallel; more get 429"),
-    ] = 8,
+    verbose: VerboseOpt = None,
+    parallel: ParallelOpt = None,
+    queue: QueueOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
     each request decoded speculatively against --server."""
-    from drafter.openai_server import serve as run_server
-
-    options = _run_options(
-        locals(),
-        prompt="",
-    )
-    run_server(options, host, port, parallel=parallel, max_queue=queue)
+    settings = settings_from(ctx.params)
+    try:
+        from drafter.serve.app import serve as run_server
+    except ImportError as exc:
+        raise fail(
+            DrafterError(
+                f"`serve` needs the serve extra ({exc.name} is missing): "
+                "pip install 'hetero-specdecode[serve]'"
+            )
+        ) from None
+    run_server(settings)
 
 
 def main() -> None:
+    prefer_quick_handoffs()
     app()

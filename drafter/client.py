@@ -31,7 +31,7 @@ from urllib3.exceptions import (
 from urllib3.util.retry import Retry
 
 from drafter.errors import VerifierRejected, VerifierUnavailable
-from server.protocol import (
+from server.shared.protocol import (
     SESSION_ID,
     SESSION_ID_HEADER,
     GenerateRequest,

@@ -3,7 +3,8 @@
 `serve --parallel N` gives each generation its own KV sequence in one context. Threads
 that want a decode while another decode runs queue up, and the next decode takes all of
 them that fit in one batch (group commit): drafts of concurrent requests that line up
-share a `llama_decode`, and no thread ever waits on a timer for batch-mates.
+share a `llama_decode`, and no thread ever waits on a timer for batch-mates. Decoding is
+server/shared/batching.py's, as the verifier's is.
 
 A request may ask to be decoded alone: its logits then never depend on what others are
 doing (the Q4_K kernels are not batch-invariant), which seeded sampling needs. A long one
@@ -24,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from drafter.errors import DraftModelError
-from server.runtime import BatchEntry, LlamaRuntime
+from server.shared.batching import (
+    Piece,
+    chunk_len,
+    decode_pieces,
+    forget,
+    together_or_alone,
+)
+from server.shared.runtime import LlamaRuntime
 
 # Tokens of one request beyond which it is decoded on its own (a prompt, not a draft step).
 MAX_SHARED_TOKENS = 32
@@ -161,55 +169,35 @@ class DraftContext:
         return batch
 
     def _run(self, batch: list[_Decode]) -> list[_Decode]:
-        """Decode the batch, outside the lock. Returns the long requests with tokens
-        left; every other request ends done (logits or error)."""
-        if len(batch) == 1:
-            return self._run_alone(batch[0])
-        entries = [
-            BatchEntry(token, r.start + i, r.seq_id, i == len(r.tokens) - 1)
-            for r in batch
-            for i, token in enumerate(r.tokens)
-        ]
-        try:
-            rows = self.runtime.decode(entries)
-        except Exception:
-            # One request may be at fault (a full sequence): each goes again on its own,
-            # so only that one fails.
-            for request in batch:
-                self._forget(request)
-            return [r for request in batch for r in self._run_alone(request)]
-        self.decodes += 1
-        self.shared_decodes += 1
-        for request, row in zip(batch, rows, strict=True):
-            request.logits, request.done = row, True
-        return []
+        """Decode the batch, outside the lock (a long request: its next n_batch tokens).
+        Returns the long requests with tokens left; every other request ends done
+        (logits or error). A shared decode that fails is tried request by request."""
+        outcomes = together_or_alone(batch, self._decode)
+        unfinished = []
+        for request, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                # Its earlier chunks go too: the sequence holds nothing from its start on.
+                forget(self.runtime, request.seq_id, request.start)
+                request.evaluated = 0
+                request.error, request.done = outcome, True
+            elif request.evaluated < len(request.tokens):
+                unfinished.append(request)
+            else:
+                request.logits, request.done = outcome, True
+        return unfinished
 
-    def _run_alone(self, request: _Decode) -> list[_Decode]:
-        """Its next n_batch tokens; the request back if more are left (so a long prompt
-        does not hold up other sequences' drafts)."""
-        n = request.evaluated
-        chunk = request.tokens[n : n + self.runtime.n_batch]
-        last = n + len(chunk) == len(request.tokens)
-        final = len(chunk) - 1 if last else -1  # the row whose logits are wanted
-        entries = [
-            BatchEntry(token, request.start + n + i, request.seq_id, i == final)
-            for i, token in enumerate(chunk)
-        ]
-        try:
-            rows = self.runtime.decode(entries)
-        except Exception as exc:
-            self._forget(request)
-            request.error, request.done = exc, True
-            return []
+    def _decode(self, batch: Sequence[_Decode]) -> list[np.ndarray | None]:
+        """One llama_decode of each request's next chunk; the last row's logits of each
+        request that is then complete (None for one with tokens left)."""
+        pieces = []
+        for r in batch:
+            n = chunk_len(r.evaluated, len(r.tokens), self.runtime.n_batch)
+            last = r.evaluated + n == len(r.tokens)
+            chunk = r.tokens[r.evaluated : r.evaluated + n]
+            pieces.append(Piece(r.seq_id, r.start + r.evaluated, chunk, (n - 1,) if last else ()))
+        rows = decode_pieces(self.runtime, pieces)
         self.decodes += 1
-        request.evaluated += len(chunk)
-        if not last:
-            return [request]
-        request.logits, request.done = rows[0], True
-        return []
-
-    def _forget(self, request: _Decode) -> None:
-        """Its cells gone: the sequence holds nothing from the request's start on."""
-        with contextlib.suppress(Exception):
-            self.runtime.remove(request.seq_id, request.start, -1)
-        request.evaluated = 0
+        self.shared_decodes += len(batch) > 1
+        for r, piece in zip(batch, pieces, strict=True):
+            r.evaluated += len(piece.tokens)
+        return [row[0] if len(row) else None for row in rows]

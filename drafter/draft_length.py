@@ -91,13 +91,3 @@ class DoublingLength(_LearnedLength):
 
 
 DraftLength = FixedLength | AdaptiveLength | DoublingLength
-
-
-def parse_draft_n(value: str) -> int | None:
-    """'auto' -> None (adaptive), else a non-negative int. Raises ValueError."""
-    if value.strip().lower() == "auto":
-        return None
-    k = int(value)
-    if k < 0:
-        raise ValueError("--draft-n must be >= 0 or 'auto'")
-    return k

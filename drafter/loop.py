@@ -27,13 +27,21 @@ import numpy as np
 from drafter.draft_length import DraftLength, FixedLength
 from drafter.errors import VerifierRejected
 from drafter.stats import GenerationStats
-from server.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
-from server.sampling import sparse
+from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
+from server.shared.sampling import sparse
 
 FinishReason = Literal["eos", "max_tokens", "context_full"]
 # Consecutive lost sessions before giving up (a verifier evicting everything, say).
 MAX_RECOVERIES_IN_A_ROW = 3
-PIPELINE_SWITCH_INTERVAL_S = 0.0002
+# A thread waiting for the GIL otherwise waits a whole switch interval (5 ms) for it:
+# pipelined, the verifier's answer wakes the sender thread while this one drafts.
+SWITCH_INTERVAL_S = 0.0002
+
+
+def prefer_quick_handoffs() -> None:
+    """Set once when a process starts (the CLI, `serve`): hand the GIL over quickly, so a
+    round's answer is picked up while the drafter works on the next one."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 class Draft(NamedTuple):
@@ -126,7 +134,6 @@ class SpeculativeLoop:
         prefill = prefill.model_copy(update={"session_id": self._chosen_id})
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
-        switch_interval = sys.getswitchinterval()
         began = time.perf_counter()
         try:
             opened = self._open(prefill, sender)
@@ -145,10 +152,6 @@ class SpeculativeLoop:
             stats.cached_prompt_tokens = opened.cached_tokens
             committed = list(opened.prompt_ids)
             lost_in_a_row = 0
-            if sender is not None:
-                # The answer wakes the sender thread while this one drafts; a thread
-                # waiting for the GIL otherwise waits a whole switch interval for it.
-                sys.setswitchinterval(min(switch_interval, PIPELINE_SWITCH_INTERVAL_S))
             while True:
                 remaining = max_tokens - len(result.tokens)
                 if remaining <= 0:
@@ -217,7 +220,6 @@ class SpeculativeLoop:
         finally:
             if sender is not None:
                 sender.shutdown(wait=True)
-                sys.setswitchinterval(switch_interval)
             stats.total_time_s = time.perf_counter() - began
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0

@@ -21,11 +21,11 @@ import numpy as np
 from drafter.draft_context import DraftContext
 from drafter.errors import DraftModelError
 from drafter.loop import Draft
-from server import vocab
-from server.protocol import PrefillRequest, SamplingParams
-from server.runtime import LlamaError, supports_gpu_offload
-from server.sampling import cap_support, probabilities, sample
-from server.sessions import common_prefix_len
+from server.shared import vocab
+from server.shared.prefix import common_prefix_len
+from server.shared.protocol import PrefillRequest, SamplingParams
+from server.shared.runtime import LlamaError, supports_gpu_offload
+from server.shared.sampling import cap_support, probabilities, sample
 
 # Most tokens of q sent per draft position. Without top-k, q's support is the whole
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import json
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from drafter.loop import RoundEvent, SpeculativeResult
+from drafter.text import TextDecoder
 
 ACCEPTED_STYLE = "green"
 TARGET_STYLE = "bold yellow"
@@ -27,20 +27,6 @@ class BaselineResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.tokens) / self.total_time_s if self.total_time_s > 0 else 0.0
-
-
-class TextDecoder:
-    """Token ids to text, incrementally: a UTF-8 character split across tokens waits."""
-
-    def __init__(self, token_bytes: Callable[[int], bytes]):
-        self._token_bytes = token_bytes
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, tokens: list[int]) -> str:
-        return self._utf8.decode(b"".join(self._token_bytes(t) for t in tokens))
-
-    def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
 
 
 def speedup(result: SpeculativeResult, baseline: BaselineResult) -> float:

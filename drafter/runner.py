@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
@@ -17,62 +15,19 @@ from drafter.loop import CandidateGenerator, RoundEvent, SpeculativeLoop, Specul
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithNgram, NgramDrafter
 from drafter.output import BaselineResult
+from drafter.settings import DrafterKind, DrafterSettings
 from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
-from server.protocol import (
+from server.shared.protocol import (
     GenerateRequest,
     InfoResponse,
     PrefillRequest,
     SamplingParams,
     Strategy,
-    strategy_for,
 )
-from server.runtime import LlamaError, LlamaVocab
+from server.shared.runtime import LlamaError, LlamaVocab
 
 # The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
-
-DrafterKind = Literal["model", "ngram", "model+ngram"]
-
-
-@dataclass
-class RunOptions:
-    server: str
-    model: Path
-    prompt: str
-    chat: bool = False
-    system: str | None = None
-    draft_n: int | Literal["auto"] = 4
-    drafter: DrafterKind = "model"
-    pipeline: bool | None = None  # None: on where it can help (see `use_pipeline`)
-    p_min: float = 0.0
-    max_tokens: int = 80
-    n_gpu_layers: int | None = None
-    threads: int = 0
-    timeout: float = 60.0
-    baseline: bool = False
-    verbose: bool = False
-    api_key: str | None = None
-    ca_cert: Path | None = None
-    retries: int = 6
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    strategy: Strategy | None = None
-    threshold: float | None = None
-    # Draft through text for a verifier with another tokenizer (off: refuse the pair).
-    translate: bool = True
-
-    @property
-    def effective_strategy(self) -> Strategy:
-        return strategy_for(self.strategy, self.sampling)
-
-    @property
-    def use_pipeline(self) -> bool:
-        """Pipelining overlaps model drafting with the round trip: nothing to overlap for
-        n-gram drafts. Off by default for seeded sampling: how far it drafts ahead
-        depends on timing, and so would the drafter's random draws, and the output."""
-        if self.pipeline is not None:
-            return self.pipeline
-        seeded_sampling = self.sampling.seed is not None and not self.sampling.greedy
-        return self.drafter != "ngram" and not seeded_sampling
 
 
 class Renderer(Protocol):
@@ -85,42 +40,42 @@ class Renderer(Protocol):
     def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None: ...
 
 
-def connect(options: RunOptions, max_retries: int | None = None) -> VerifierClient:
+def connect(settings: DrafterSettings, max_retries: int | None = None) -> VerifierClient:
     return VerifierClient(
-        options.server,
-        timeout=options.timeout,
-        api_key=options.api_key,
-        ca_cert=options.ca_cert,
-        max_retries=options.retries if max_retries is None else max_retries,
+        settings.server,
+        timeout=settings.timeout,
+        api_key=settings.api_key,
+        ca_cert=settings.ca_cert,
+        max_retries=settings.retries if max_retries is None else max_retries,
     )
 
 
 def load_checked_drafter(
-    client: VerifierClient, options: RunOptions, n_seq: int = 1, translate: bool | None = None
+    client: VerifierClient, settings: DrafterSettings, n_seq: int = 1, translate: bool | None = None
 ) -> tuple[DraftModel, InfoResponse, str]:
     """The draft model (sequence 0 of a context of `n_seq`), refused unless its ids can
     reach the verifier (the same or a compatible vocabulary, or with `translate`, any);
     /info; and a sentence on how it drafts, naming both models, where that is not plain."""
     info = client.info()
     check_protocol(info)
-    if options.draft_n != "auto" and options.draft_n > info.max_draft:
+    if settings.draft_n != "auto" and settings.draft_n > info.max_draft:
         raise DrafterError(
-            f"--draft-n {options.draft_n} exceeds the verifier's max_draft={info.max_draft}"
+            f"--draft-n {settings.draft_n} exceeds the verifier's max_draft={info.max_draft}"
         )
     model = DraftModel(
-        options.model,
+        settings.model,
         n_ctx=info.n_ctx + DRAFTER_CTX_MARGIN,
         n_seq=n_seq,
-        n_gpu_layers=options.n_gpu_layers,
-        n_threads=options.threads,
-        verbose=options.verbose,
+        n_gpu_layers=settings.n_gpu_layers,
+        n_threads=settings.threads,
+        verbose=settings.verbose,
     )
     try:
         mode, note = check_vocabulary(
             info,
             model.vocab_facts(),
             drafter_name=model.name,
-            drafter_path=options.model,
+            drafter_path=settings.model,
             translate=translate,
         )
     except DrafterError:
@@ -142,57 +97,57 @@ def load_verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVoca
         raise DrafterError(f"the verifier's vocabulary file is not usable: {exc}") from exc
 
 
-def prompt_request(vocab: LlamaVocab, options: RunOptions) -> PrefillRequest:
+def prompt_request(vocab: LlamaVocab, settings: DrafterSettings) -> PrefillRequest:
     """The prefill of --prompt; with --chat, through `vocab`'s chat template (the
     verifier's own where the drafter's tokenizer is another)."""
-    prompt, add_bos = options.prompt, True
-    if options.chat:
-        prompt = vocab.chat_prompt(options.prompt, options.system)
+    prompt, add_bos = settings.prompt, True
+    if settings.chat:
+        prompt = vocab.chat_prompt(settings.prompt, settings.system)
         # Some templates write the BOS text themselves; another would change the prompt.
         add_bos = not vocab.starts_with_bos(prompt)
     return PrefillRequest(
         prompt=prompt,
         add_bos=add_bos,
-        sampling=options.sampling,
-        strategy=options.strategy,
-        threshold=options.threshold,
+        sampling=settings.sampling,
+        strategy=settings.strategy,
+        threshold=settings.threshold,
     )
 
 
-def draft_policy(options: RunOptions) -> DraftPolicy:
+def draft_policy(settings: DrafterSettings) -> DraftPolicy:
     """Rejection sampling needs drafts drawn from q; for greedy, match and threshold the
     drafter's argmax is the draft most likely to be accepted."""
-    seed = options.sampling.seed
+    seed = settings.sampling.seed
     return DraftPolicy(
-        sampling=options.sampling,
-        sample_drafts=options.effective_strategy == "rejection",
+        sampling=settings.sampling,
+        sample_drafts=settings.effective_strategy == Strategy.rejection,
         # A stream of its own, unlike the verifier's, but fixed by the same seed.
         seed=None if seed is None else seed + 1,
-        p_min=options.p_min,
+        p_min=settings.p_min,
     )
 
 
 def candidate_generator(
-    model: DraftModel, options: RunOptions, target: LlamaVocab | None = None
+    model: DraftModel, settings: DrafterSettings, target: LlamaVocab | None = None
 ) -> CandidateGenerator:
     """Who drafts: the draft model (through text when `target`, the verifier's
     vocabulary, is given), prompt lookup, or prompt lookup with the model behind."""
     drafter = model if target is None else TranslatingDrafter(model, target)
-    if options.drafter == "model":
+    if settings.drafter == DrafterKind.model:
         return drafter
     # Prompt lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
-    sampled = options.effective_strategy == "rejection"
+    sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
     ngram = NgramDrafter(n_vocab, sample_drafts=sampled)
-    return ngram if options.drafter == "ngram" else ModelWithNgram(ngram, drafter)
+    return ngram if settings.drafter == DrafterKind.ngram else ModelWithNgram(ngram, drafter)
 
 
-def draft_length(options: RunOptions, info: InfoResponse) -> DraftLength:
+def draft_length(settings: DrafterSettings, info: InfoResponse) -> DraftLength:
     """`auto`: HF's schedule for a model's drafts, doubling for prompt lookup's (see
     drafter/draft_length.py)."""
-    if options.draft_n != "auto":
-        return FixedLength(options.draft_n)
-    if options.drafter == "ngram":
+    if settings.draft_n != "auto":
+        return FixedLength(settings.draft_n)
+    if settings.drafter == DrafterKind.ngram:
         return DoublingLength(maximum=info.max_draft)
     return AdaptiveLength(maximum=info.max_draft)
 
@@ -201,16 +156,16 @@ def speculative_loop(
     model: DraftModel,
     client: VerifierClient,
     info: InfoResponse,
-    options: RunOptions,
+    settings: DrafterSettings,
     target: LlamaVocab | None = None,
 ) -> SpeculativeLoop:
-    model.configure(draft_policy(options))
+    model.configure(draft_policy(settings))
     return SpeculativeLoop(
-        candidate_generator(model, options, target),
+        candidate_generator(model, settings, target),
         client,
-        draft_n=draft_length(options, info),
+        draft_n=draft_length(settings, info),
         n_ctx=info.n_ctx,
-        pipeline=options.use_pipeline,
+        pipeline=settings.use_pipeline,
         vocab=model.vocab_relation,
     )
 
@@ -237,17 +192,17 @@ def measure_baseline(
     )
 
 
-def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
-    with connect(options) as client:
-        renderer.status(f"verifier {options.server}; loading {options.model.name}")
-        model, info, note = load_checked_drafter(client, options, translate=options.translate)
+def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
+    with connect(settings) as client:
+        renderer.status(f"verifier {settings.server}; loading {settings.model.name}")
+        model, info, note = load_checked_drafter(client, settings, translate=settings.translate)
         target = None
         try:
             if note:
                 renderer.status(note)
             if model.vocab_relation == "translated":
                 target = load_verifier_vocab(client, info)
-                if options.effective_strategy == "rejection":
+                if settings.effective_strategy == Strategy.rejection:
                     # q over the drafter's vocabulary is not a distribution over the
                     # verifier's tokens: `match` is lossless without one.
                     renderer.status(
@@ -255,18 +210,18 @@ def run(options: RunOptions, renderer: Renderer) -> SpeculativeResult:
                         "verifier's tokens, which another tokenizer cannot give: verifying "
                         "with --strategy match instead (lossless too)"
                     )
-                    options = replace(options, strategy="match")
-            request = prompt_request(target or model.runtime, options)
-            loop = speculative_loop(model, client, info, options, target)
+                    settings = settings.model_copy(update={"strategy": Strategy.match})
+            request = prompt_request(target or model.runtime, settings)
+            loop = speculative_loop(model, client, info, settings, target)
             renderer.start((target or model).token_bytes)
-            for event in loop.run(request, options.max_tokens):
+            for event in loop.run(request, settings.max_tokens):
                 renderer.round(event)
             result = loop.result
             baseline = None
-            if options.baseline:
+            if settings.baseline:
                 renderer.status("measuring the verifier alone on the same prompt (/generate)")
                 baseline = measure_baseline(
-                    client, result.prompt_ids, options.max_tokens, options.sampling
+                    client, result.prompt_ids, settings.max_tokens, settings.sampling
                 )
             renderer.finish(result, baseline)
             return result

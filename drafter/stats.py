@@ -2,33 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-STATS_KEYS = (
-    "prompt_tokens",
-    "cached_prompt_tokens",
-    "generated_tokens",
-    "rounds",
-    "drafted",
-    "accepted",
-    "acceptance_rate",
-    "tokens_per_round",
-    "total_time_s",
-    "tokens_per_s",
-    "bytes_sent",
-    "bytes_received",
-    "bytes_sent_per_round",
-    "bytes_received_per_round",
-    "recoveries",
-    "rejected_rounds",
-    "reused_drafts",
-    "prefill_time_s",
-    "draft_time_s",
-    "round_trip_s",
-    "verifier_time_s",
-    "protocol_overhead_ms",
-    "rounds_by_draft_len",
-)
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 
 @dataclass
@@ -51,6 +26,16 @@ class GenerationStats:
     verifier_time_s: float = 0.0  # the verifier's own time for those rounds (engine_ms)
     # How many rounds sent each draft length (k varies: auto, n-gram misses, the end).
     rounds_by_draft_len: dict[int, int] = field(default_factory=dict)
+
+    # The rates below, reported beside the counts.
+    DERIVED: ClassVar[tuple[str, ...]] = (
+        "acceptance_rate",
+        "tokens_per_round",
+        "tokens_per_s",
+        "bytes_sent_per_round",
+        "bytes_received_per_round",
+        "protocol_overhead_ms",
+    )
 
     @property
     def acceptance_rate(self) -> float:
@@ -81,8 +66,10 @@ class GenerationStats:
         return (self.round_trip_s - self.verifier_time_s) * 1000.0 / self.rounds
 
     def as_dict(self) -> dict[str, float | int | dict[int, int]]:
+        """Every count and rate, floats rounded to 4 places (`--output json`)."""
+        names = [f.name for f in fields(self)] + list(self.DERIVED)
         return {
-            key: round(value, 4) if isinstance(value, float) else value
-            for key in STATS_KEYS
-            for value in [getattr(self, key)]
+            name: round(value, 4) if isinstance(value, float) else value
+            for name in names
+            for value in [getattr(self, name)]
         }

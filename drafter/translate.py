@@ -18,7 +18,6 @@ tokenizer cannot give; the runner verifies with `match` instead and says so.
 
 from __future__ import annotations
 
-import codecs
 import os
 import re
 import time
@@ -27,19 +26,14 @@ from pathlib import Path
 
 from drafter.loop import Draft
 from drafter.model import DraftModel
-from server.protocol import PrefillRequest
-from server.runtime import LlamaVocab
-from server.sessions import common_prefix_len
+from drafter.text import complete_text
+from server.shared.prefix import common_prefix_len
+from server.shared.protocol import PrefillRequest
+from server.shared.runtime import LlamaVocab
 
 # Committed verifier tokens re-tokenized with each draft: enough to cover a token that
 # merges across the boundary (a word's end, a run of spaces).
 WINDOW_TOKENS = 4
-
-
-def text_of(data: bytes) -> str:
-    """UTF-8 bytes as text, leaving out an incomplete character at the end (a byte-level
-    token may stop inside one; the next round completes it)."""
-    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
 
 
 def vocab_cache_dir() -> Path:
@@ -124,7 +118,7 @@ class TranslatingDrafter:
         return b"".join(self._pieces)
 
     def _tokenize_own(self, text: bytes) -> list[int]:
-        return self.model.runtime.tokenize(text_of(text), add_special=True)
+        return self.model.runtime.tokenize(complete_text(text), add_special=True)
 
     def _own_tokens(self, committed: Sequence[int]) -> list[int]:
         return self._tokenize_own(self._committed_text(committed))
@@ -143,7 +137,7 @@ class TranslatingDrafter:
             return []
         window = list(committed[-WINDOW_TOKENS:])
         window_text = b"".join(self._piece(t) for t in window)
-        ids = self.target.tokenize(text_of(window_text + draft_text), add_special=False)
+        ids = self.target.tokenize(complete_text(window_text + draft_text), add_special=False)
         if ids[: len(window)] != window:
             self.boundary_misses += 1
             return []
@@ -152,7 +146,7 @@ class TranslatingDrafter:
 
 def vocab_matches(path: Path, vocab_hash: str) -> LlamaVocab:
     """The vocabulary file loaded, refused unless it is the one /info describes."""
-    from server.vocab import vocab_fingerprint
+    from server.shared.vocab import vocab_fingerprint
 
     target = LlamaVocab(path, vocab_only=True)
     if vocab_fingerprint(target.vocab_pieces()) != vocab_hash:

@@ -34,10 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from drafter.client import VerifierClient  # noqa: E402
-from scripts.delay_proxy import DelayProxy  # noqa: E402
-from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
-from server.local import LocalVerifier  # noqa: E402
-from server.protocol import GenerateRequest, PrefillRequest  # noqa: E402
+from scripts.harness.delay_proxy import DelayProxy  # noqa: E402
+from scripts.harness.local import LocalVerifier  # noqa: E402
+from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
+from server.shared.protocol import GenerateRequest, PrefillRequest  # noqa: E402
 
 PROMPTS = {
     "chat": ("Explain what a hash table is, in a few sentences.", True),

@@ -33,8 +33,8 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
-from server.local import LocalServe, LocalVerifier  # noqa: E402
+from scripts.harness.local import LocalServe, LocalVerifier  # noqa: E402
+from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
 
 # About 800 tokens of pasted text, then a question: the first message of the trial.
 DOCUMENT = " ".join(

@@ -20,9 +20,9 @@ from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from drafter.runner import load_verifier_vocab
 from drafter.translate import TranslatingDrafter
-from server import MODELS_DIR
-from server.local import LocalVerifier
-from server.protocol import PrefillRequest
+from scripts.harness.local import LocalVerifier
+from server.shared.defaults import MODELS_DIR
+from server.shared.protocol import PrefillRequest
 
 PROMPTS = [
     "The rules of chess say that",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import re
 import signal
 import statistics
 import sys
@@ -26,19 +25,19 @@ import httpx
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from scripts.loadtest import PROMPTS
-from server import DEFAULT_DRAFTER_MODEL
-from server.protocol import PrefillRequest
-from server.replicas import LocalReplicas
-from server.settings import VerifierSettings
+from scripts.harness.metrics import Metrics
+from scripts.harness.replicas import LocalReplicas
+from scripts.harness.load import PROMPTS
+from server.shared.defaults import DEFAULT_DRAFTER_MODEL
+from server.shared.protocol import PrefillRequest
+from server.verifier.settings import VerifierSettings
 
 ROUNDS_BEFORE_KILL = 3
 N_CTX = 1024
 
 
 def active_sessions(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return float(re.search(r"^verifier_active_sessions (\S+)$", text, re.M).group(1))
+    return Metrics.scrape(url).value("verifier_active_sessions")
 
 
 def main() -> None:

@@ -1,287 +1,253 @@
 #!/usr/bin/env python3
-"""Load test: concurrent drafters (the real drafter loop) against verifier replicas.
+"""Load test: many drafters against one verifier, or against replicas behind nginx. A
+table, not a test.
 
-For each setup it prints aggregate verified tokens/s, p50/p99 round latency, errors,
-sessions per decode batch, how the sessions spread over the replicas, and the replicas'
-efficiency: the time llama_decode itself took divided by the replicas' busy wall time (at
-least one request in flight), both read from their /metrics in the same run. A table, not
-a test.
+For each verifier (this checkout's, and with `--compare-with DIR` another checkout's, in
+the same run), each drafter count and each k it prints: aggregate tokens/s, round
+latency, and from the verifier's /metrics what its decodes were: forward passes per
+llama_decode (1.00: every decode one pass), rows per pass, the share of those rows that
+only shaped the pass (padding, fillers), sessions per pass. `--fairness` adds two keys:
+one drafter of one key beside many of another, whose 2,000-token prompt arrives
+meanwhile; it reports the lone key's rounds before and during that prompt.
 
-    python scripts/loadtest.py --replicas 1,2,3 --drafters 8     # own verifiers + nginx
-    python scripts/loadtest.py --drafters 1,2,4,8                # one own verifier
-    python scripts/loadtest.py --servers http://balancer:8000 --drafters 8 \\
-        --metrics http://10.0.0.11:8000,http://10.0.0.12:8000      # a deployment
+    .venv/bin/python scripts/loadtest.py                          # replayed drafts
+    .venv/bin/python scripts/loadtest.py --drafters 1,8,16 --draft-n 4,auto \\
+        --compare-with /tmp/before --fairness
+    .venv/bin/python scripts/loadtest.py --drafter model --drafters 1,4,8
+    .venv/bin/python scripts/loadtest.py --replicas 1,2,3 --drafters 8
 
-With --replicas, every replica runs on this machine and they share its cores: the second
-table gives what the same spread of sessions would reach with each replica on its own
-machine, from single-replica runs with as many drafters as each replica got.
+Drafters and verifiers share this machine: the verifier is pinned to one core and the
+drafters to another (`taskset`, when there are two). See scripts/harness/load.py for the
+two kinds of drafter.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import httpx
-
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
-from server import DEFAULT_DRAFTER_MODEL
-from server.local import LocalVerifier
-from server.protocol import PrefillRequest, VerifyRequest, VerifyResponse
-from server.replicas import LocalReplicas
-from server.settings import VerifierSettings
+from scripts.harness.load import PROMPTS, LevelResult, run_drafters
+from scripts.harness.local import LocalVerifier
+from scripts.harness.replicas import LocalReplicas
+from server.shared.protocol import PrefillRequest
+from server.verifier.settings import VerifierSettings
 
-PROMPTS = [
-    "The history of the bicycle begins",
-    "def merge_sort(items):\n",
-    "Shopping list:\n1.",
-    "Dear Sir or Madam,",
-    "SELECT name, email FROM",
-    "The recipe for bread needs",
-    "In 1969, the first humans",
-    "Once upon a time, in a village",
-]
-METRICS = (
-    "verifier_decode_seconds_sum",
-    "verifier_busy_seconds_total",
-    "verifier_batch_sessions_sum",
-    "verifier_batch_sessions_count",
-    'verifier_requests_total{endpoint="/prefill",status="200"}',
-)
+KEYS = ("alice-load-test-key", "mallory-load-test-key")
+LONG_PROMPT = "The history of the bicycle begins " * 285  # about 2,000 tokens
+N_CTX = 1024
 
 
-class TimedClient(VerifierClient):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.round_s: list[float] = []
-
-    def verify(self, request: VerifyRequest) -> VerifyResponse:
-        began = time.perf_counter()
-        response = super().verify(request)
-        self.round_s.append(time.perf_counter() - began)
-        return response
-
-
-def scrape(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    values = {}
-    for name in METRICS:
-        match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-        values[name] = float(match.group(1)) if match else 0.0
-    return values
-
-
-def run_level(
-    url: str, metrics_urls: list[str], n: int, rounds: int, draft_n: int, threads: int, n_ctx: int
-) -> dict:
-    # One draft context, a sequence per drafter (as `serve --parallel n` has).
-    owner = DraftModel(DEFAULT_DRAFTER_MODEL, n_ctx=n_ctx + 256, n_seq=n, n_threads=threads)
-    models = [owner] + [DraftModel.on(owner.context, i) for i in range(1, n)]
-    clients = [TimedClient(url, timeout=300) for _ in range(n)]
-    tokens = [0] * n
-    errors: list[str] = []
-    barrier = threading.Barrier(n + 1)
-
-    def drafter(i: int) -> None:
-        loop = SpeculativeLoop(models[i], clients[i], draft_n=draft_n, n_ctx=n_ctx)
-        barrier.wait()
-        try:
-            run = loop.run(PrefillRequest(prompt=PROMPTS[i % len(PROMPTS)]), rounds * (draft_n + 1))
-            for done, event in enumerate(run, start=1):
-                tokens[i] += len(event.tokens)
-                if done == rounds or event.eos:
-                    run.close()
-                    break
-        except Exception as exc:  # counted, reported: a load test keeps going
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    workers = [threading.Thread(target=drafter, args=(i,)) for i in range(n)]
-    for worker in workers:
-        worker.start()
-    before = [scrape(u) for u in metrics_urls]
-    barrier.wait()
-    began = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    wall = time.perf_counter() - began
-    after = [scrape(u) for u in metrics_urls]
-    owner.close()
-    for client in clients:
-        client.close()
-    deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    total = {k: sum(d[k] for d in deltas) for k in METRICS}
-    latencies = sorted(s for c in clients for s in c.round_s)
-    batches = total["verifier_batch_sessions_count"]
-    busy = total["verifier_busy_seconds_total"]
-    return {
-        "drafters": n,
-        "tokens_per_s": sum(tokens) / wall,
-        "p50_ms": statistics.median(latencies) * 1000 if latencies else 0.0,
-        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000
-        if latencies
-        else 0.0,
-        "errors": len(errors),
-        "sessions_per_batch": total["verifier_batch_sessions_sum"] / batches if batches else 0,
-        "efficiency": total["verifier_decode_seconds_sum"] / busy if busy else 0.0,
-        "spread": [
-            int(d['verifier_requests_total{endpoint="/prefill",status="200"}']) for d in deltas
-        ],
-        "first_error": errors[0] if errors else "",
-    }
-
-
-def print_header(first: str) -> None:
-    print(
-        f"| {first} | drafters | aggregate tokens/s | p50 round ms | p99 round ms | errors "
-        "| sessions/batch | efficiency | sessions per replica |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-
-
-def print_row(first: object, row: dict) -> None:
-    spread = "/".join(str(s) for s in row["spread"])
-    print(
-        f"| {first} | {row['drafters']} | {row['tokens_per_s']:.1f} | {row['p50_ms']:.1f} | "
-        f"{row['p99_ms']:.1f} | {row['errors']} | {row['sessions_per_batch']:.2f} | "
-        f"{row['efficiency']:.2f} | {spread} |",
-        flush=True,
-    )
-    if row["first_error"]:
-        print(f"    first error: {row['first_error']}")
-
-
-def verifier_env(threads: int, sessions: int) -> dict[str, str]:
+def verifier_env(threads: int, sessions: int, n_ctx: int = N_CTX) -> dict[str, str]:
     return {
         "VERIFIER_MAX_SESSIONS": str(sessions),
         "VERIFIER_N_THREADS": str(threads),
-        "VERIFIER_N_CTX": "1024",
+        "VERIFIER_N_CTX": str(n_ctx),
+        "VERIFIER_MAX_QUEUE": str(4 * sessions + 8),
     }
 
 
-def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
-    counts = [int(x) for x in args.replicas.split(",")]
-    max_body = VerifierSettings().max_body_bytes
-    print(
-        f"{args.rounds} rounds per drafter, k = {args.draft_n}, {args.threads} thread(s) per "
-        f"model, every process on this machine ({os.cpu_count()} cores), nginx in front"
+def cores_and_prefix() -> tuple[list[int], tuple[str, ...]]:
+    cores = sorted(os.sched_getaffinity(0))[:2] if hasattr(os, "sched_getaffinity") else []
+    if len(cores) == 2 and shutil.which("taskset"):
+        return cores, ("taskset", "-c", str(cores[1]))
+    return [], ()
+
+
+def pass_columns(row: LevelResult) -> str:
+    decodes = row.delta("verifier_decodes_total", kind="rounds")
+    if not decodes:  # a verifier that does not count passes (an older version)
+        return "n/a | n/a | n/a | n/a"
+    passes = row.delta("verifier_forward_passes_total", kind="rounds")
+    rows = row.delta("verifier_pass_rows_sum", kind="rounds")
+    shaping = row.delta("verifier_shaping_rows_total", kind="rounds")
+    sessions = row.delta("verifier_pass_sessions_sum") / decodes
+    return (
+        f"{passes / decodes:.2f} | {rows / passes:.1f} | {100 * shaping / max(rows, 1):.0f}% "
+        f"| {sessions:.2f}"
     )
-    print_header("replicas")
-    spreads: dict[int, list[int]] = {}
-    measured: dict[int, float] = {}
-    for count in counts:
-        with LocalReplicas(count, verifier_env(args.threads, max(levels)), max_body) as replicas:
-            urls = [v.url for v in replicas.verifiers]
-            for n in levels:
-                row = run_level(
-                    replicas.url, urls, n, args.rounds, args.draft_n, args.threads, 1024
-                )
-                print_row(count, row)
-                spreads[count], measured[count] = row["spread"], row["tokens_per_s"]
-    if not args.model:
-        return
-    # One replica per machine: replica j with s_j sessions does what one replica alone
-    # does with s_j drafters. Measured here with that replica alone on one core and the
-    # drafters on another, as a verifier machine and the users' machines would be.
-    alone: dict[int, float] = {}
+
+
+def print_row(label: str, k: object, row: LevelResult) -> None:
+    check = "yes" if not row.mismatches else f"NO ({row.mismatches})"
+    print(
+        f"| {label} | {row.drafters} | {k} | {row.tokens_per_s:.1f} | {row.p50_ms:.0f} | "
+        f"{row.latency_ms(0.99):.0f} | {pass_columns(row)} | {len(row.errors)} | {check} |",
+        flush=True,
+    )
+    if row.errors:
+        print(f"    first error: {row.errors[0]}")
+
+
+def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) -> None:
+    cores, prefix = cores_and_prefix()
     own_cores = os.sched_getaffinity(0)
-    # The first two cores this process may use (a container may allow others than 0, 1).
-    cores = sorted(own_cores)[:2]
-    pinned = len(cores) == 2 and shutil.which("taskset") is not None
-    for sessions in sorted({s for spread in spreads.values() for s in spread if s}):
-        prefix = ("taskset", "-c", str(cores[1])) if pinned else ()
-        with LocalReplicas(1, verifier_env(args.threads, max(levels)), max_body, prefix) as replica:
-            if pinned:
+    where = f"verifier on core {cores[1]}, drafters on core {cores[0]}" if cores else "unpinned"
+    print(
+        f"{args.drafter} drafters, {args.rounds} rounds each, {args.threads} thread(s) per "
+        f"model, {where}, {os.cpu_count()} cores"
+    )
+    print(
+        "| verifier | drafters | k | aggregate tokens/s | p50 round ms | p99 round ms | "
+        "passes per decode | rows per pass | shaping rows | sessions per pass | errors "
+        "| output = /generate |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    variants = [("this", None)]
+    if args.compare_with:
+        variants.append(("compared", Path(args.compare_with).resolve()))
+    env = verifier_env(args.threads, max(levels))
+    for label, source in variants:
+        with LocalVerifier(env, command_prefix=prefix, source=source) as verifier:
+            if cores:
                 os.sched_setaffinity(0, {cores[0]})
             try:
-                row = run_level(
-                    replica.url,
-                    [replica.verifiers[0].url],
-                    sessions,
-                    args.rounds,
-                    args.draft_n,
-                    args.threads,
-                    1024,
-                )
+                for k in ks:
+                    for n in levels:
+                        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+                        row = run_drafters(
+                            verifier.url,
+                            [verifier.url],
+                            prompts,
+                            rounds=args.rounds,
+                            draft_n=k,
+                            drafter=args.drafter,
+                            threads=args.threads,
+                        )
+                        print_row(label, k, row)
             finally:
-                os.sched_setaffinity(0, own_cores)
-            alone[sessions] = row["tokens_per_s"]
+                if cores:
+                    os.sched_setaffinity(0, own_cores)
+
+
+def fairness_run(args: argparse.Namespace) -> None:
+    """alice: one drafter; mallory: eight, and a 2,000-token prompt while they run."""
+    cores, prefix = cores_and_prefix()
+    env = {
+        **verifier_env(args.threads, 10, n_ctx=2304),
+        "VERIFIER_API_KEYS": ",".join(KEYS),
+        "VERIFIER_ADMIN_API_KEYS": KEYS[0],
+    }
+    prompts = [PROMPTS[0]] + [PROMPTS[1 + i % 7] for i in range(8)]
+    keys = [KEYS[0]] + [KEYS[1]] * 8
+    with LocalVerifier(env, command_prefix=prefix) as verifier:
+        if cores:
+            os.sched_setaffinity(0, {cores[0]})
+        prefill_span: list[float] = []
+
+        def long_prompt() -> None:
+            time.sleep(1.0)  # once the rounds are going
+            with VerifierClient(verifier.url, timeout=600, api_key=KEYS[1]) as client:
+                prefill_span.append(time.perf_counter())
+                opened = client.prefill(PrefillRequest(prompt=LONG_PROMPT))
+                prefill_span.append(time.perf_counter())
+                client.delete_session(opened.session_id)
+
+        alone = run_drafters(
+            verifier.url,
+            [verifier.url],
+            prompts[:1],
+            rounds=args.rounds,
+            draft_n=4,
+            api_keys=keys[:1],
+            metrics_key=KEYS[0],
+        )
+        shared = run_drafters(
+            verifier.url,
+            [verifier.url],
+            prompts,
+            rounds=args.rounds * 3,
+            draft_n=4,
+            api_keys=keys,
+            metrics_key=KEYS[0],
+            during=long_prompt,
+        )
+    chunk_s = shared.delta("verifier_decode_seconds_sum", kind="prompt") / max(
+        1.0, shared.delta("verifier_decode_seconds_count", kind="prompt")
+    )
+    rounds_s = shared.delta("verifier_decode_seconds_sum", kind="rounds") / max(
+        1.0, shared.delta("verifier_decode_seconds_count", kind="rounds")
+    )
     print()
-    print("| replicas | sessions per replica | measured, one machine | model, a machine each |")
-    print("|---:|---|---:|---:|")
-    for count, spread in spreads.items():
-        modelled = sum(alone[s] for s in spread if s)
-        shown = "/".join(str(s) for s in spread)
-        print(f"| {count} | {shown} | {measured[count]:.1f} | {modelled:.1f} |")
-    pinning = (
-        f"verifier on core {cores[1]}, drafters on core {cores[0]}" if pinned else "not pinned"
-    )
+    print("| alice's rounds (one drafter, key A) | p50 ms | max ms |")
+    print("|---|---:|---:|")
+    print(f"| alone | {alone.p50_ms:.0f} | {alone.latency_ms(1.0):.0f} |")
+    during = _alice_during(shared, prefill_span)
+    print(f"| beside 8 drafters of key B, and B's 2,000-token prompt | {during} |")
     print(
-        f"one replica alone ({pinning}): "
-        + ", ".join(f"{s} drafters {v:.1f} tok/s" for s, v in alone.items())
+        f"one prompt chunk decode: {1000 * chunk_s:.0f} ms on average; a decode of rounds "
+        f"{1000 * rounds_s:.0f} ms; B's prompt took {prefill_span[1] - prefill_span[0]:.1f} s"
+        if len(prefill_span) == 2
+        else "B's prompt did not run"
     )
+
+
+def _alice_during(shared: LevelResult, span: list[float]) -> str:
+    """p50 and max of alice's rounds sent while B's prompt was being evaluated."""
+    if len(span) != 2:
+        return "n/a | n/a"
+    during = sorted(s for sent, s in shared.rounds[0] if span[0] <= sent <= span[1])
+    if not during:
+        return "n/a | n/a"
+    return f"{during[len(during) // 2] * 1000:.0f} | {during[-1] * 1000:.0f}"
+
+
+def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
+    max_body = VerifierSettings().max_body_bytes
+    print(f"{args.rounds} rounds per drafter, every process on this machine, nginx in front")
+    print("| replicas | drafters | aggregate tokens/s | p50 round ms | p99 round ms | errors |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for count in [int(x) for x in args.replicas.split(",")]:
+        env = verifier_env(args.threads, max(levels))
+        with LocalReplicas(count, env, max_body) as replicas:
+            urls = [v.url for v in replicas.verifiers]
+            for n in levels:
+                prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+                row = run_drafters(
+                    replicas.url,
+                    urls,
+                    prompts,
+                    rounds=args.rounds,
+                    draft_n=4,
+                    drafter=args.drafter,
+                    threads=args.threads,
+                )
+                print(
+                    f"| {count} | {n} | {row.tokens_per_s:.1f} | {row.p50_ms:.0f} | "
+                    f"{row.latency_ms(0.99):.0f} | {len(row.errors)} |",
+                    flush=True,
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", help="where the drafters send: a balancer or a verifier")
-    parser.add_argument(
-        "--metrics", help="comma-separated replica URLs to read /metrics from (default: --servers)"
-    )
-    parser.add_argument(
-        "--replicas", help="start this many verifiers behind nginx, e.g. 1,2,3 (no --servers)"
-    )
-    parser.add_argument(
-        "--drafters", default=None, help="drafter counts (default 8 with --replicas, else 1,2,4,8)"
-    )
+    parser.add_argument("--drafters", default="1,8,16", help="drafter counts, e.g. 1,8,16")
+    parser.add_argument("--draft-n", default="4", help="k values, e.g. 4,auto")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per drafter")
-    parser.add_argument("--draft-n", type=int, default=4)
+    parser.add_argument(
+        "--drafter", choices=["replay", "model"], default="replay", help="who drafts"
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per model")
     parser.add_argument(
-        "--no-model",
-        dest="model",
-        action="store_false",
-        help="with --replicas: skip the one-machine-per-replica model",
+        "--compare-with", help="another checkout of this repository whose verifier to run too"
     )
+    parser.add_argument("--fairness", action="store_true", help="add the two-key run")
+    parser.add_argument("--replicas", help="N verifiers behind nginx instead, e.g. 1,2,3")
     args = parser.parse_args()
-    levels = [int(x) for x in (args.drafters or ("8" if args.replicas else "1,2,4,8")).split(",")]
+    levels = [int(x) for x in args.drafters.split(",")]
+    ks: list[object] = [x if x == "auto" else int(x) for x in args.draft_n.split(",")]
     if args.replicas:
-        if args.servers:
-            parser.error("--replicas starts its own verifiers: leave out --servers")
         replica_runs(args, levels)
         return
-    verifier = None
-    url = args.servers
-    if url is None:
-        verifier = LocalVerifier(verifier_env(args.threads, max(levels)))
-        verifier.wait_ready()
-        url = verifier.url
-    try:
-        metrics_urls = args.metrics.split(",") if args.metrics else [url]
-        n_ctx = httpx.get(f"{url}/info").json()["n_ctx"]
-        print(
-            f"verifiers {url}; {args.rounds} rounds per drafter, k = {args.draft_n}, "
-            f"{args.threads} thread(s) per model, {os.cpu_count()} cores"
-        )
-        print_header("servers")
-        for n in levels:
-            print_row(
-                len(metrics_urls),
-                run_level(url, metrics_urls, n, args.rounds, args.draft_n, args.threads, n_ctx),
-            )
-    finally:
-        if verifier is not None:
-            verifier.stop()
+    level_runs(args, levels, ks)
+    if args.fairness:
+        fairness_run(args)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def _stderr_to_file():
 
 
 def quantize(source: Path, entry: dict) -> None:
-    from server.runtime import quantize_model
+    from server.shared.runtime import quantize_model
 
     target = MODELS_DIR / entry["file"]
     if is_prepared(target):

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import contextlib
 
-from server.replicas import LocalReplicas, render_site
-from server.settings import VerifierSettings
+from scripts.harness.replicas import LocalReplicas, render_site
+from server.verifier.settings import VerifierSettings
 
 SMALL_MACHINE = {"VERIFIER_N_THREADS": "1", "VERIFIER_N_CTX": "1024"}
 

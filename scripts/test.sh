@@ -8,5 +8,7 @@ cd "$(dirname "$0")/.."
 echo "[test] ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "[test] import contracts (pyproject.toml, [tool.importlinter])"
+.venv/bin/lint-imports
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from drafter.client import VerifierClient
-from server.protocol import PrefillRequest, VerifyRequest
+from server.shared.protocol import PrefillRequest, VerifyRequest
 
 
 def measure(

@@ -1,8 +1,4 @@
-"""hetero-specdecode verifier: a FastAPI server that checks drafts against a llama.cpp model."""
-
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = REPO_ROOT / "models"
-DEFAULT_VERIFIER_MODEL = MODELS_DIR / "smollm2-135m-instruct-q8_0.gguf"
-DEFAULT_DRAFTER_MODEL = MODELS_DIR / "smollm2-135m-instruct-q4_k_m.gguf"
+"""hetero-specdecode's server side, in two layers: `server.shared` (what the verifier and
+the drafter both import: the wire protocol, sampling and acceptance rules, vocabulary
+rules, the llama.cpp wrapper; no web stack) and `server.verifier` (the FastAPI verifier).
+`uvicorn server.main:app` serves the verifier."""

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
-from server.local import LocalVerifier
+from scripts.harness.local import LocalVerifier
+from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
 
 # Two cores here: one thread per model keeps a drafter and a verifier from fighting.
 TEST_THREADS = int(os.environ.get("TEST_THREADS", "1"))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from server import REPO_ROOT
+from server.shared.defaults import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from server import REPO_ROOT
-from server.protocol import PrefillRequest
+from server.shared.defaults import REPO_ROOT
+from server.shared.protocol import PrefillRequest
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 
 pytestmark = pytest.mark.integration

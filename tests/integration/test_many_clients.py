@@ -5,7 +5,6 @@ Real models, real uvicorn on 127.0.0.1, the real drafter loop in threads.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,8 @@ import pytest
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from server.protocol import PrefillRequest, VerifyRequest
+from scripts.harness.metrics import Metrics
+from server.shared.protocol import PrefillRequest, VerifyRequest
 from tests.conftest import TEST_THREADS, start_verifier
 
 pytestmark = pytest.mark.integration
@@ -56,11 +56,8 @@ def solo(url: str, prompt: str, max_tokens: int = NEW_TOKENS) -> list[int]:
     return response.json()["tokens"]
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
+def metric(url: str, name: str, **labels: str) -> float:
+    return Metrics.scrape(url).value(name, **labels)
 
 
 def drafted_run(url: str, model_path, prompt: str, n_ctx: int, hook=None) -> tuple[list, object]:
@@ -78,8 +75,7 @@ def drafted_run(url: str, model_path, prompt: str, n_ctx: int, hook=None) -> tup
 
 def test_eight_concurrent_drafters_each_get_their_solo_output(busy_verifier, drafter_model):
     expected = {p: solo(busy_verifier.url, p) for p in PROMPTS}
-    count_before = metric(busy_verifier.url, "verifier_batch_sessions_count")
-    single_before = metric(busy_verifier.url, 'verifier_batch_sessions_bucket{le="1.0"}')
+    before = Metrics.scrape(busy_verifier.url)
     start = threading.Barrier(len(PROMPTS))
 
     def one(prompt: str):
@@ -90,9 +86,14 @@ def test_eight_concurrent_drafters_each_get_their_solo_output(busy_verifier, dra
         results = dict(zip(PROMPTS, pool.map(one, PROMPTS), strict=True))
     for prompt in PROMPTS:
         assert results[prompt][0] == expected[prompt], prompt
-    batches = metric(busy_verifier.url, "verifier_batch_sessions_count") - count_before
-    single = metric(busy_verifier.url, 'verifier_batch_sessions_bucket{le="1.0"}') - single_before
-    assert batches - single > 0, "no decode batch held more than one session"
+    after = Metrics.scrape(busy_verifier.url)
+
+    def delta(name: str) -> float:
+        return after.value(name, kind="rounds") - before.value(name, kind="rounds")
+
+    # However the rounds arrived, every decode of rounds was shaped into one forward pass.
+    assert delta("verifier_decodes_total") > 0
+    assert delta("verifier_forward_passes_total") == delta("verifier_decodes_total")
 
 
 def test_idle_sessions_expire_after_the_ttl(busy_verifier):

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from server.local import LocalServe
+from scripts.harness.local import LocalServe
 from tests.conftest import TEST_THREADS
 
 pytestmark = pytest.mark.integration

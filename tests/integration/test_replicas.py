@@ -5,7 +5,6 @@ Every output must equal the verifier decoding alone."""
 from __future__ import annotations
 
 import random
-import re
 import signal
 import threading
 import time
@@ -20,10 +19,11 @@ import drafter.loop
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from server.local import LocalVerifier
-from server.protocol import SESSION_ID_HEADER, PrefillRequest
-from server.replicas import LocalReplicas, NginxMissing, find_nginx
-from server.settings import VerifierSettings
+from scripts.harness.local import LocalVerifier
+from scripts.harness.metrics import Metrics
+from scripts.harness.replicas import LocalReplicas, NginxMissing, find_nginx
+from server.shared.protocol import SESSION_ID_HEADER, PrefillRequest
+from server.verifier.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS, verifier_env
 from tests.integration.test_many_clients import PROMPTS  # eight, one a chat turn
 
@@ -150,18 +150,12 @@ class Drafters:
             self.after_round(i, None)
 
 
-def metric(url: str, pattern: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    match = re.search(rf"^{pattern} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def opened_sessions(url: str) -> float:
-    return metric(url, r'verifier_requests_total\{endpoint="/prefill",status="200"\}')
+    return Metrics.scrape(url).value("verifier_requests_total", endpoint="/prefill", status="200")
 
 
 def active_sessions(url: str) -> float:
-    return metric(url, "verifier_active_sessions")
+    return Metrics.scrape(url).value("verifier_active_sessions")
 
 
 def replica_addresses(replicas: LocalReplicas) -> list[str]:

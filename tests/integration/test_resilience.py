@@ -4,8 +4,8 @@ hangs up. Real models, real uvicorn on 127.0.0.1; outputs must equal undisturbed
 from __future__ import annotations
 
 import json
-import re
 import signal
+import socket
 import threading
 import time
 
@@ -17,8 +17,9 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from server.local import free_port
-from server.protocol import PrefillRequest, VerifyRequest
+from scripts.harness.local import free_port
+from scripts.harness.metrics import Metrics
+from server.shared.protocol import PrefillRequest, VerifyRequest
 from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier
 
 pytestmark = pytest.mark.integration
@@ -143,28 +144,27 @@ def test_sigterm_finishes_the_round_in_flight(verifier_model, draft_model, undis
         if i != 2:
             return
         url = verifiers[0].url
-
-        def long_generate():
-            in_flight["response"] = httpx.post(
-                f"{url}/generate", json={"prompt": PROMPT, "max_tokens": NEW_TOKENS}, timeout=60
+        body = json.dumps({"prompt": PROMPT, "max_tokens": NEW_TOKENS}).encode()
+        # A /generate whose body is half sent: in flight, and it cannot end before the rest
+        # is sent, which happens after SIGTERM. No race: a state, then the signal.
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            conn.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body[:10]
             )
-
-        sessions_before = active_sessions(url)
-        worker = threading.Thread(target=long_generate)
-        worker.start()
-        while active_sessions(url) == sessions_before:  # until the generation is under way
-            assert worker.is_alive(), "the generation ended before SIGTERM was sent"
-            time.sleep(0.01)
-        verifiers[0].process.send_signal(signal.SIGTERM)
-        worker.join()
-        verifiers[0].process.wait(timeout=30)
+            wait_for(lambda: in_progress(url) >= 2)  # that request, and this scrape
+            verifiers[0].process.send_signal(signal.SIGTERM)
+            conn.sendall(body[10:])
+            in_flight["response"] = read_http_response(conn)
+        verifiers[0].process.wait(timeout=60)
         verifiers.append(start_verifier(verifier_model, port=port))
 
     try:
         tokens, (stats, _) = run_with_hook(verifiers[0].url, draft_model, generate_then_terminate)
-        response = in_flight["response"]
-        assert response.status_code == 200, response.text
-        assert response.json()["tokens"] == undisturbed  # finished, not cut off
+        status, answer = in_flight["response"]
+        assert status == 200, answer
+        assert json.loads(answer)["tokens"] == undisturbed  # finished, not cut off
         # uvicorn finishes gracefully, then re-raises SIGTERM for the conventional status.
         assert verifiers[0].process.returncode in (0, -signal.SIGTERM)
         assert tokens == undisturbed
@@ -175,8 +175,27 @@ def test_sigterm_finishes_the_round_in_flight(verifier_model, draft_model, undis
 
 
 def active_sessions(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return float(re.search(r"^verifier_active_sessions (\S+)$", text, re.M).group(1))
+    return Metrics.scrape(url).value("verifier_active_sessions")
+
+
+def in_progress(url: str) -> float:
+    return Metrics.scrape(url).value("verifier_requests_in_progress")
+
+
+def wait_for(condition, deadline_s: float = 60.0) -> None:
+    """Until `condition()` holds: a state that will come, waited for, not a timing."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "the state never came"
+        time.sleep(0.01)
+
+
+def read_http_response(conn: socket.socket) -> tuple[int, str]:
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
 
 
 def test_a_client_that_hangs_up_leaves_no_session_behind(live_verifier):
@@ -203,7 +222,7 @@ def test_a_replica_that_listens_after_loading_refuses_until_ready_and_exits_if_i
 ):
     """VERIFIER_LISTEN_AFTER_LOAD: behind a passive balancer, a replica whose model fails
     to load must not sit in the ring answering 503: it ends, with the reason logged."""
-    from server.local import LocalVerifier
+    from scripts.harness.local import LocalVerifier
 
     env = {"VERIFIER_MODEL_PATH": str(tmp_path / "missing.gguf"), "VERIFIER_LISTEN_AFTER_LOAD": "1"}
     verifier = LocalVerifier(env)

@@ -19,9 +19,10 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel, DraftPolicy
-from server.protocol import PrefillRequest, SamplingParams, VerifyRequest
-from server.runtime import LlamaRuntime
-from server.sampling import probabilities
+from server.shared.batching import Piece, decode_pieces
+from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
+from server.shared.runtime import LlamaRuntime
+from server.shared.sampling import probabilities
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 
 pytestmark = pytest.mark.integration
@@ -43,18 +44,24 @@ def prompt_ids(live_verifier) -> list[int]:
     return opened.prompt_ids
 
 
+def last_logits(runtime: LlamaRuntime, tokens: list[int], start: int) -> np.ndarray:
+    """One decode of `tokens` into sequence 0 from `start`; the last row's logits."""
+    (rows,) = decode_pieces(runtime, [Piece(0, start, tokens, (len(tokens) - 1,))])
+    return rows[0]
+
+
 @pytest.fixture(scope="module")
 def exact_joint(verifier_model, prompt_ids) -> dict[tuple[int, int], float]:
     """P(t1, t2) from the verifier model's own logits, in the engine's configuration."""
     runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
     try:
         sampling = sampling_for(None)
-        first = probabilities(runtime.decode_sequence(0, prompt_ids, 0)[0], sampling)
+        first = probabilities(last_logits(runtime, prompt_ids, 0), sampling)
         joint = {}
         for t1 in np.flatnonzero(first):
             assert not runtime.is_eog(int(t1)), "pick a prompt whose first token is never EOS"
             runtime.remove(0, len(prompt_ids))
-            logits = runtime.decode_sequence(0, [int(t1)], len(prompt_ids))[0]
+            logits = last_logits(runtime, [int(t1)], len(prompt_ids))
             second = probabilities(logits, sampling)
             for t2 in np.flatnonzero(second):
                 joint[(int(t1), int(t2))] = float(first[t1] * second[t2])
@@ -119,11 +126,11 @@ def exact_third(verifier_model, prompt_ids, exact_joint) -> dict[int, float]:
     """P(t3), summed over the verifier's (t1, t2)."""
     runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
     try:
-        runtime.decode_sequence(0, prompt_ids, 0)
+        last_logits(runtime, prompt_ids, 0)
         third: dict[int, float] = {}
         for (t1, t2), p12 in exact_joint.items():
             runtime.remove(0, len(prompt_ids))
-            logits = runtime.decode_sequence(0, [t1, t2], len(prompt_ids))[0]
+            logits = last_logits(runtime, [t1, t2], len(prompt_ids))
             p3 = probabilities(logits, sampling_for(None))
             for t3 in np.flatnonzero(p3):
                 third[int(t3)] = third.get(int(t3), 0.0) + p12 * float(p3[t3])

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from drafter.cli import app
-from server import MODELS_DIR, REPO_ROOT
+from server.shared.defaults import MODELS_DIR, REPO_ROOT
 from tests.conftest import TEST_THREADS
 
 pytestmark = pytest.mark.integration

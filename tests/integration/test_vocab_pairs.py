@@ -15,7 +15,7 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from server.protocol import PrefillRequest, VerifyRequest, VerifyResponse
+from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
 from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier
 from tests.fixtures.vocab_gguf import write_vocab_variant
 

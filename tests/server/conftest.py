@@ -4,8 +4,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from server.main import create_app
-from server.settings import VerifierSettings
+from server.verifier.app import create_app
+from server.verifier.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 
 MAX_DRAFT = 8

@@ -2,6 +2,7 @@
 
 import pytest
 
+from scripts.harness.metrics import Metrics
 from tests.server.conftest import MAX_DRAFT
 
 PROMPT = "The three primary colours are"
@@ -59,7 +60,7 @@ def test_health_and_info(client, verifier_model):
 def test_the_vocabulary_file_loads_vocab_only_and_tokenizes_as_the_verifier(
     client, engine, tmp_path
 ):
-    from server.runtime import LlamaVocab
+    from server.shared.runtime import LlamaVocab
 
     response = client.get("/vocab")
     assert response.status_code == 200
@@ -297,8 +298,8 @@ def test_unknown_route_has_the_error_body(client):
 
 
 def test_sessions_beyond_capacity_evict_the_least_recently_used(client, engine):
-    sessions = [prefill(client) for _ in range(engine.max_sessions + 1)]
-    assert engine.session_count == engine.max_sessions
+    sessions = [prefill(client) for _ in range(engine.n_seq + 1)]
+    assert engine.session_count == engine.n_seq
     first = sessions[0]
     assert_error(
         client.post(
@@ -311,23 +312,39 @@ def test_sessions_beyond_capacity_evict_the_least_recently_used(client, engine):
         client.delete(f"/sessions/{session['session_id']}")
 
 
-def test_metrics_count_rounds(client):
+def test_metrics_count_rounds_and_passes(client):
+    expected = generate(client, 3)
     session = prefill(client)
-    verify(client, session, session["total_tokens"], [1, 2])
-    text = client.get("/metrics").text
-    assert "verifier_drafted_tokens_total" in text
-    assert 'verifier_requests_total{endpoint="/verify",status="200"}' in text
-    assert "verifier_decode_seconds_bucket" in text
-    assert 'verifier_batch_sessions_bucket{le="1.0"}' in text
-    assert 'verifier_drafted_by_position_total{position="2"}' in text
-    assert "verifier_queue_depth" in text
-    assert "verifier_active_sessions" in text
+    before = Metrics(client.get("/metrics").text)
+    verify(client, session, session["total_tokens"], [expected[0], 7])  # one of two accepted
+    verify(client, session, session["total_tokens"] + 2, [])  # a plain step: no draft
+    after = Metrics(client.get("/metrics").text)
+
+    def delta(name: str, **labels: str) -> float:
+        return after.value(name, **labels) - before.value(name, **labels)
+
+    assert delta("verifier_requests_total", endpoint="/verify", status="200") == 2
+    assert delta("verifier_drafted_tokens_total") == 2
+    assert delta("verifier_accepted_tokens_total") == 1
+    assert delta("verifier_drafted_by_position_total", position="2") == 1
+    # The speculation counters under the names llama.cpp's server and vLLM use.
+    assert delta("verifier:spec_decode_num_drafts_total") == 1  # the step had no draft
+    assert delta("verifier:spec_decode_num_draft_tokens_total") == 2
+    assert delta("verifier:spec_decode_num_accepted_tokens_total") == 1
+    assert delta("verifier:spec_decode_num_accepted_tokens_per_pos_total", position="0") == 1
+    assert delta("verifier:spec_decode_num_accepted_tokens_per_pos_total", position="1") == 0
+    # Two rounds, two decodes of one forward pass each, 3 + 1 rows of their own.
+    assert delta("verifier_decodes_total", kind="rounds") == 2
+    assert delta("verifier_forward_passes_total", kind="rounds") == 2
+    assert delta("verifier_decoded_tokens_total") == 4
+    assert delta("verifier_decode_seconds_count") == 2
+    assert after.has("verifier_queue_depth") and after.has("verifier_active_sessions")
 
 
-def test_the_verify_lane_answers_like_the_documented_route(client):
-    """POST /verify is served by the pure ASGI lane; its answers, errors and metrics are
-    those of the route the OpenAPI schema documents."""
-    from server.protocol import VerifyResponse
+def test_verify_answers_replays_errors_and_is_documented(client):
+    """POST /verify: the answer serialized once, a replay of it, a 409 with the session's
+    count, its OpenAPI entry, its requests counted by status."""
+    from server.shared.protocol import VerifyResponse
 
     session = prefill(client)
     n_past = session["total_tokens"]
@@ -350,10 +367,7 @@ def test_the_verify_lane_answers_like_the_documented_route(client):
 
 
 def metric_value(client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    return Metrics(client.get("/metrics").text).value(name)
 
 
 def test_a_lone_round_is_decoded_inline_and_equals_a_queued_one(client):
@@ -363,8 +377,8 @@ def test_a_lone_round_is_decoded_inline_and_equals_a_queued_one(client):
     lone round is decoded inline is checked without threads in tests/unit."""
     from fastapi.testclient import TestClient
 
-    from server.main import create_app
-    from server.settings import VerifierSettings
+    from server.verifier.app import create_app
+    from server.verifier.settings import VerifierSettings
     from tests.server.conftest import wait_healthy
 
     def rounds(test_client) -> list[dict]:
@@ -393,7 +407,8 @@ def test_this_cpu_build_is_batch_invariant_and_greedy_says_lossless(client, engi
     assert info["batch_invariant"] is True
     assert info["batch_max_diff"] == 0.0
     assert info["strategies"]["greedy"] is True
-    assert engine.invariance.positions == 9 and engine.invariance.argmax_agrees
+    assert engine.invariance.positions == MAX_DRAFT + 1 and engine.invariance.argmax_agrees
+    assert info["pinned_width"] == 0  # free shapes are exact here: nothing pinned
     assert prefill(client)["lossless"] is True
     engine.check_invariants()
 
@@ -419,7 +434,9 @@ def test_draft_probs_must_match_the_draft_in_a_greedy_session_too(client, engine
     assert result.json()["tokens"] == expected[:3]
 
 
-def test_an_unexpected_failure_in_the_lane_is_a_500_error_body(client, monkeypatch):
+def test_an_unexpected_failure_in_verify_is_a_500_error_body(client, monkeypatch):
+    from fastapi.testclient import TestClient
+
     scheduler = client.app.state.verifier.scheduler
 
     async def broken(request, owner="anonymous"):
@@ -427,15 +444,17 @@ def test_an_unexpected_failure_in_the_lane_is_a_500_error_body(client, monkeypat
 
     monkeypatch.setattr(scheduler, "verify", broken)
     session_id = "0" * 32
-    response = client.post("/verify", json={"session_id": session_id, "n_past": 1})
+    # As uvicorn serves it: the answer sent, the exception then logged (not raised here).
+    served = TestClient(client.app, raise_server_exceptions=False)
+    response = served.post("/verify", json={"session_id": session_id, "n_past": 1})
     error = assert_error(response, 500, "internal_error")
     assert "RuntimeError: a bug" in error["message"]
     assert client.get("/health").status_code == 200
 
 
-def test_behind_a_root_path_the_lane_serves_verify_and_counts_once(client):
-    """`uvicorn --root-path /api` (or a proxy's prefix): the lane still takes POST /verify,
-    and a duplicate's answer is counted with its round, not again."""
+def test_behind_a_root_path_verify_is_served_and_counted_once(client):
+    """`uvicorn --root-path /api` (or a proxy's prefix): POST /verify is routed, and a
+    duplicate's answer is counted with its round, not again."""
     from fastapi.testclient import TestClient
 
     prefixed = TestClient(client.app, root_path="/api")  # the app is already running
@@ -489,8 +508,8 @@ def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
     what is new and answers exactly as a server without reuse."""
     from fastapi.testclient import TestClient
 
-    from server.main import create_app
-    from server.settings import VerifierSettings
+    from server.verifier.app import create_app
+    from server.verifier.settings import VerifierSettings
     from tests.server.conftest import wait_healthy
 
     def turns(prefix_cache: bool) -> tuple[list[int], dict, list[int]]:
@@ -579,7 +598,7 @@ def test_the_vocabulary_file_is_built_once_however_many_ask_at_once(client, monk
     file, written once: the build reads the whole model's metadata."""
     import threading
 
-    import server.routes.service as service
+    import server.verifier.routes.service as service
 
     state = client.app.state.verifier
     monkeypatch.setattr(state, "vocab_file", None)

@@ -1,6 +1,6 @@
 import pytest
 
-from server.acceptance import accept_greedy
+from server.shared.acceptance import accept_greedy
 
 EOS = 2
 

@@ -14,7 +14,7 @@ from scripts.bench import (
     run_expectation,
     summarize,
 )
-from scripts.delay_proxy import DelayProxy
+from scripts.harness.delay_proxy import DelayProxy
 
 
 def test_expected_tokens_per_round_matches_the_closed_form():

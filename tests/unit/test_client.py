@@ -11,7 +11,7 @@ import pytest
 
 from drafter.client import VerifierClient
 from drafter.errors import VerifierRejected, VerifierUnavailable
-from server.protocol import PrefillRequest, RoundTimings, VerifyRequest, VerifyResponse
+from server.shared.protocol import PrefillRequest, RoundTimings, VerifyRequest, VerifyResponse
 
 OK_JSON = b'{"status":"ok"}'
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from drafter.draft_length import AdaptiveLength, DoublingLength, FixedLength, parse_draft_n
+from drafter.draft_length import AdaptiveLength, DoublingLength, FixedLength
+from drafter.settings import parse_draft_n
 
 
 def test_fixed_length_never_moves():
@@ -58,25 +59,26 @@ def test_doubling_bounds():
 
 
 def test_auto_means_the_schedule_that_suits_the_drafter():
-    from drafter.runner import RunOptions, draft_length
-    from server.protocol import InfoResponse
+    from drafter.runner import draft_length
+    from drafter.settings import DrafterSettings
+    from server.shared.protocol import InfoResponse
 
     info = InfoResponse.model_construct(max_draft=16)
-    options = RunOptions(server="http://x", model="m.gguf", prompt="p", draft_n="auto")
-    assert isinstance(draft_length(options, info), AdaptiveLength)
-    options.drafter = "model+ngram"
-    assert isinstance(draft_length(options, info), AdaptiveLength)
-    options.drafter = "ngram"
-    assert isinstance(draft_length(options, info), DoublingLength)
-    assert draft_length(options, info).maximum == 16
-    options.draft_n = 3
-    assert draft_length(options, info) == FixedLength(3)
+
+    def length(**settings):
+        return draft_length(DrafterSettings(**settings), info)
+
+    assert isinstance(length(draft_n="auto"), AdaptiveLength)
+    assert isinstance(length(draft_n="auto", drafter="model+ngram"), AdaptiveLength)
+    assert isinstance(length(draft_n="auto", drafter="ngram"), DoublingLength)
+    assert length(draft_n="auto", drafter="ngram").maximum == 16
+    assert length(draft_n=3) == FixedLength(3)
 
 
 def test_parse_draft_n():
-    assert parse_draft_n("auto") is None
-    assert parse_draft_n(" AUTO ") is None
+    assert parse_draft_n("auto") == "auto"
+    assert parse_draft_n(" AUTO ") == "auto"
     assert parse_draft_n("7") == 7
-    for bad in ("-1", "many", "1.5"):
+    for bad in ("-1", "many", "1.5", "257"):
         with pytest.raises(ValueError):
             parse_draft_n(bad)

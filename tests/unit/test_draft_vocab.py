@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from drafter.draft_context import DraftContext
 from drafter.model import DraftModel, DraftPolicy
-from server.protocol import SamplingParams
+from server.shared.protocol import SamplingParams
 from tests.fixtures.fake_runtime import FakeRuntime
 
 PROMPTS = [[1, 5 + i, 9, 20 + i] for i in range(30)]

@@ -10,8 +10,8 @@ import pytest
 from drafter.draft_length import AdaptiveLength
 from drafter.errors import VerifierRejected
 from drafter.loop import Draft, SpeculativeLoop
-from server.acceptance import accept_greedy
-from server.protocol import (
+from server.shared.acceptance import accept_greedy
+from server.shared.protocol import (
     SESSION_ID_PATTERN,
     PrefillRequest,
     PrefillResponse,

@@ -1,8 +1,9 @@
 import json
 
 from drafter.loop import RoundEvent, SpeculativeResult
-from drafter.output import BaselineResult, JsonRenderer, TextDecoder, speedup
-from drafter.stats import STATS_KEYS, GenerationStats
+from drafter.output import BaselineResult, JsonRenderer, speedup
+from drafter.stats import GenerationStats
+from drafter.text import TextDecoder, complete_text
 
 PIECES = {1: b"h", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b" ok"}
 
@@ -14,6 +15,13 @@ def test_decoder_holds_a_character_split_across_tokens():
     assert decoder.flush() == ""
 
 
+def test_complete_text_leaves_out_a_character_still_to_come():
+    data = "naïve ☃".encode()
+    assert complete_text(data) == "naïve ☃"
+    assert complete_text(data[:-1]) == "naïve "  # the snowman's last byte is still to come
+    assert complete_text(b"a\xffb") == "a\ufffdb"  # a byte that is never UTF-8: replaced
+
+
 def test_stats_derive_rates():
     stats = GenerationStats(
         generated_tokens=30, rounds=10, drafted=40, accepted=20, total_time_s=2.0
@@ -21,7 +29,6 @@ def test_stats_derive_rates():
     assert stats.acceptance_rate == 0.5
     assert stats.tokens_per_round == 3.0
     assert stats.tokens_per_s == 15.0
-    assert tuple(stats.as_dict()) == STATS_KEYS
     assert GenerationStats().acceptance_rate == 0.0
 
 
@@ -49,7 +56,9 @@ def test_json_renderer_prints_one_object(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["text"] == "hé"
     assert out["tokens"] == [1, 2, 3]
-    assert set(out["stats"]) == set(STATS_KEYS)
+    stats = out["stats"]
+    assert (stats["generated_tokens"], stats["rounds"], stats["tokens_per_round"]) == (3, 1, 3.0)
+    assert {"acceptance_rate", "protocol_overhead_ms", "rounds_by_draft_len"} <= set(stats)
 
 
 def test_the_stats_say_when_greedy_is_not_exact_on_this_verifier():

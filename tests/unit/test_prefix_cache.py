@@ -11,18 +11,22 @@ import random
 
 import pytest
 
-from server.engine import Engine
-from server.jobs import Slot
-from server.protocol import PrefillRequest, VerifyRequest
-from tests.fixtures.fake_runtime import FakeRuntime
+from server.shared.protocol import PrefillRequest, VerifyRequest
+from server.verifier.engine import Engine
+from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
 from tests.unit.test_engine_races import assert_consistent
 
 MIN_REUSE = 4
 
 
-def build(max_sessions: int = 4, **runtime) -> tuple[FakeRuntime, Engine]:
+def build(
+    max_sessions: int = 4, pin_shapes: str = "auto", **runtime
+) -> tuple[FakeRuntime, Engine]:
     runtime = FakeRuntime(n_seq_max=max_sessions, **runtime)
-    return runtime, Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    engine = Engine(
+        runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pin_shapes=pin_shapes
+    )
+    return runtime, engine
 
 
 def open_session(
@@ -32,13 +36,11 @@ def open_session(
         PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False, session_id=session_id),
         owner=owner,
     )
-    while work.remaining:  # cut as the scheduler cuts: at multiples of prompt_chunk
-        n_tokens = engine.prompt_chunk - work.evaluated % engine.prompt_chunk
-        (outcome,) = engine.run_batch([Slot(work, min(work.remaining, n_tokens))])
-        assert outcome.error is None, outcome.error
-    if not work.closed:  # a one-token prompt: nothing to evaluate
-        (outcome,) = engine.run_batch([Slot(work, 0)])
-    return outcome.response, work
+    response = None
+    while not work.closed:  # a chunk at a time, as the scheduler runs them
+        (response,) = engine.run([], [work])
+        assert not isinstance(response, Exception), response
+    return response, work
 
 
 def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[int]:
@@ -48,8 +50,8 @@ def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[in
         work = engine.begin_verify(
             VerifyRequest(session_id=session_id, n_past=len(session.tokens)), owner
         )
-        (outcome,) = engine.run_batch([Slot(work, work.remaining)])
-        out += outcome.response.tokens
+        (response,) = engine.run([work])
+        out += response.tokens
     return out[:n]
 
 
@@ -122,7 +124,7 @@ def test_a_cached_prefix_never_takes_a_live_sessions_slot():
 def test_expiry_and_the_end_of_a_generation_keep_the_prefix_eviction_does_not():
     runtime, engine = build(max_sessions=2)
     expired, _ = open_session(engine, list(range(2, 14)))
-    assert engine.expire_idle(-1.0) == [expired.session_id]
+    assert engine.expire_idle(-1.0, 600.0) == [expired.session_id]
     assert len(engine.sessions.cached_prefixes) == 1
     discarded, _ = open_session(engine, list(range(30, 42)), owner="b")
     engine.discard_session(discarded.session_id)
@@ -134,7 +136,7 @@ def test_expiry_and_the_end_of_a_generation_keep_the_prefix_eviction_does_not():
 
 
 def test_reuse_is_off_where_batches_change_logits():
-    runtime, engine = build(batch_noise=1e-3)
+    runtime, engine = build(kernel=switches_by_rows(), pin_shapes="off")
     assert engine.sessions.min_reuse == 0 and engine.info().prefix_cache is False
     first, _ = open_session(engine, list(range(2, 30)))
     engine.delete_session(first.session_id)
@@ -155,7 +157,7 @@ def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
     for _ in range(80):
         if live and rng.random() < 0.5:
             session_id, owner, prompt = live.pop(rng.randrange(len(live)))
-            if engine.sessions.find(session_id) is not None:  # not evicted meanwhile
+            if session_id in {s.session_id for s in engine.sessions.sessions()}:  # not evicted
                 engine.delete_session(session_id)
             continue
         owner = rng.choice(["a", "b"])
@@ -172,7 +174,7 @@ def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
 
 
 def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
-    runtime = FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256)
+    runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
     engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, prompt_chunk=128)
     report = engine.invariance
     assert report.batch_invariant and not report.prefill_chunk_invariant
@@ -190,7 +192,7 @@ def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
 def test_with_reuse_wanted_the_probe_picks_a_prompt_chunk_short_enough_to_be_exact():
     """Kernels that change from 32 rows on: prompts are cut into 16-token chunks, and a
     reused prefix (filled by a long prompt, then by rounds) answers as a cold prompt."""
-    runtime = FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256)
+    runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
     engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
     info = engine.info()
     assert info.prompt_chunk == 16 and info.prefill_chunk_invariant and info.prefix_cache
@@ -202,7 +204,8 @@ def test_with_reuse_wanted_the_probe_picks_a_prompt_chunk_short_enough_to_be_exa
     second, _ = open_session(engine, prompt)
     assert second.cached_tokens == 88 + 9 - 1  # all but the answer's pending last token
     assert decode(engine, second.session_id, 8) == runtime.reference_greedy(prompt, 8)
-    without_reuse = Engine(FakeRuntime(tile_rows=32, n_batch=128, n_ctx_per_seq=256), max_draft=8)
+    runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
+    without_reuse = Engine(runtime, max_draft=8)
     assert without_reuse.prompt_chunk == 128  # no reuse: nothing to gain from short chunks
 
 
@@ -220,10 +223,10 @@ def test_a_session_whose_cells_could_not_be_cleaned_is_never_cached():
     runtime.remove = refuse_trims
     runtime.fail_decode = lambda entries: True
     work = engine.begin_verify(VerifyRequest(session_id=session.session_id, n_past=28), "a")
-    (outcome,) = engine.run_batch([Slot(work, work.remaining)])
+    (error,) = engine.run([work])
     runtime.remove, runtime.fail_decode = real_remove, None
-    assert outcome.error is not None
-    assert engine.sessions.find(session.session_id) is None  # ended cleanly, not cached
+    assert isinstance(error, Exception)
+    assert not list(engine.sessions.sessions())  # ended cleanly, not cached
     assert engine.sessions.cached_prefixes == {} and runtime.cells[seq_id] == []
     assert_consistent(runtime, engine)
 
@@ -234,8 +237,8 @@ def test_the_rest_of_a_reused_prompt_is_decoded_in_whole_chunks_each_on_its_own(
     the answer is the cold prompt's."""
     import asyncio
 
-    from server.metrics import VerifierMetrics
-    from server.scheduler import BatchScheduler
+    from server.verifier.metrics import VerifierMetrics
+    from server.verifier.scheduler import BatchScheduler
 
     runtime = FakeRuntime(n_batch=16)
     engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
@@ -268,7 +271,7 @@ def test_the_rest_of_a_reused_prompt_is_decoded_in_whole_chunks_each_on_its_own(
 def test_two_prefills_of_one_chosen_id_at_once_open_one_session_and_leak_nothing():
     """The second finds the id taken by the first while it is still being evaluated; when
     the first fails, the id is free again."""
-    from server.errors import SessionExists
+    from server.verifier.errors import SessionExists
 
     runtime, engine = build()
     session_id = "chosen-by-the-client-00000001"

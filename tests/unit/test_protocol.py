@@ -1,13 +1,13 @@
 import pytest
 from pydantic import ValidationError
 
-from server.protocol import (
+from server.shared.protocol import (
     GenerateRequest,
     PrefillRequest,
     SamplingParams,
     VerifyRequest,
 )
-from server.vocab import vocab_fingerprint
+from server.shared.vocab import vocab_fingerprint
 
 
 def test_prefill_needs_exactly_one_prompt():
@@ -17,13 +17,6 @@ def test_prefill_needs_exactly_one_prompt():
         PrefillRequest()
     with pytest.raises(ValidationError):
         PrefillRequest(prompt="hi", prompt_tokens=[1])
-
-
-def test_defaults_are_greedy_with_bos():
-    request = PrefillRequest(prompt="x")
-    assert request.add_bos is True
-    assert request.sampling.greedy
-    assert request.sampling.temperature == 0.0
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from server.runtime import LlamaRuntime, usable_cores
+from server.shared.runtime import LlamaRuntime, usable_cores
 from tests.fixtures.tiny_gguf import write_tiny_gguf
 
 
@@ -22,10 +22,10 @@ def test_zero_threads_means_the_usable_cores(tmp_path, asked):
         runtime.close()
 
 
-def test_usable_cores_follow_the_affinity():
+def test_usable_cores_follow_the_affinity_without_a_quota(tmp_path):
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity API on this platform")
-    assert usable_cores() == len(os.sched_getaffinity(0)) >= 1
+    assert usable_cores(tmp_path / "no-quota") == len(os.sched_getaffinity(0)) >= 1
 
 
 @pytest.mark.parametrize(

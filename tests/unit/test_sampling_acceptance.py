@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from server.acceptance import (
+from server.shared.acceptance import (
     accept_match,
     accept_rejection,
     accept_threshold,
     acceptance_probability,
     residual_distribution,
 )
-from server.protocol import SamplingParams
-from server.sampling import cap_support, dense, probabilities, sample, sparse
+from server.shared.protocol import SamplingParams
+from server.shared.sampling import cap_support, dense, probabilities, sample, sparse
 
 V = 6
 EOS = 5

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from drafter.slots import QueueFull, Slot, SlotPool, best_slot
-from server.sessions import common_prefix_len
+from drafter.serve.slots import GenerationSlot, QueueFull, SlotPool, best_slot
+from server.shared.prefix import common_prefix_len
 
 
-def slot(cached: list[int], last_used: int = 0) -> Slot:
-    return Slot(
+def slot(cached: list[int], last_used: int = 0) -> GenerationSlot:
+    return GenerationSlot(
         SimpleNamespace(cached_tokens=cached), SimpleNamespace(close=lambda: None), last_used
     )
 

@@ -1,4 +1,4 @@
-from drafter.stops import StopScanner
+from drafter.serve.stops import StopScanner
 
 
 def test_text_without_stops_passes_through():

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drafter.translate import cached_vocab_file, text_of
-
-
-def test_an_incomplete_character_at_the_end_waits_for_the_next_round():
-    data = "naïve ☃".encode()
-    assert text_of(data) == "naïve ☃"
-    assert text_of(data[:-1]) == "naïve "  # the snowman's last byte is still to come
-    assert text_of(b"a\xffb") == "a\ufffdb"  # a byte that is never UTF-8: replaced
+from drafter.translate import cached_vocab_file
 
 
 def test_the_vocabulary_file_is_fetched_once_per_hash(tmp_path, monkeypatch):

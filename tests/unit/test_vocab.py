@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.vocab import (
+from server.shared.vocab import (
     CHECK_START_ID,
     MAX_SIZE_DIFFERENCE,
     Incompatible,

@@ -1,0 +1,71 @@
+"""A local OpenAI-compatible server (`draft_token_generator serve`), backed by remote
+verification: chat apps, editors and scripts get speculative decoding unchanged.
+
+The draft model is loaded on the first request that finds the verifier (so the server
+starts even while the verifier is down). Up to `--parallel` generations run at once, each
+on its own draft sequence and verifier connection (drafter/serve/slots.py); more wait in
+a bounded queue, and beyond it get 429. Bodies are capped in size and in the time they
+take to arrive, like the verifier's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from drafter.serve.backend import SpeculativeBackend
+from drafter.serve.errors import OpenAIError, install_error_handlers
+from drafter.serve.routes import router
+from drafter.settings import DrafterSettings
+from server.shared.request_body import BodyLimit
+
+log = logging.getLogger("drafter.serve")
+
+MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 30.0
+
+
+async def _reject(send, status: int, code: str, message: str) -> None:
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    body = json.dumps(OpenAIError(status, message, error_type, code).body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if status in (408, 413):
+        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(settings: DrafterSettings) -> FastAPI:
+    backend = SpeculativeBackend(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(backend.close)
+
+    app = FastAPI(title="hetero-specdecode local OpenAI API", lifespan=lifespan)
+    app.state.backend = backend
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(
+        BodyLimit, max_bytes=MAX_BODY_BYTES, timeout_s=BODY_TIMEOUT_S, reject=_reject
+    )
+    return app
+
+
+def serve(settings: DrafterSettings) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log.info(
+        "OpenAI-compatible API on http://%s:%d/v1, verifying at %s",
+        settings.host,
+        settings.port,
+        settings.server,
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")

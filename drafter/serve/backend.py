@@ -1,0 +1,223 @@
+"""What `serve` runs behind its HTTP routes: the draft model and its slots, loaded on
+first use, and one generation on a worker thread per slot.
+
+The drafter's cache is kept between requests: each slot's sequence still holds its last
+prompt and answer, and the next request that shares a prefix with them evaluates only
+the rest (the loop syncs the cache by longest common prefix, drafter/model.py). Seeded
+sampling is the exception (DraftModel.decodes_alone): its sequence starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from drafter.model import DraftModel
+from drafter.runner import connect, load_checked_drafter, speculative_loop
+from drafter.serve.errors import PromptTooLong
+from drafter.serve.protocol import SpeculativeFigures, Usage
+from drafter.serve.slots import GenerationSlot, SlotPool
+from drafter.serve.stops import StopScanner
+from drafter.settings import DrafterSettings
+from drafter.text import TextDecoder
+from server.shared.prefix import common_prefix_len
+from server.shared.protocol import InfoResponse, PrefillRequest
+
+log = logging.getLogger("drafter.serve")
+
+
+@dataclass
+class Finished:
+    """What one generation produced, beside its text (which went out through `emit`)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, reused by the verifier
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    figures: SpeculativeFigures | None = None
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details={"cached_tokens": self.cached_tokens},
+        )
+
+
+@dataclass
+class Generation:
+    """One request's work: what to decode, where its text goes, and its stop switch."""
+
+    prefill: PrefillRequest
+    prompt_ids: list[int]  # the prompt as the draft model tokenizes it
+    max_tokens: int
+    stop: list[str]
+    emit: Callable[[str], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class SpeculativeBackend:
+    def __init__(self, settings: DrafterSettings):
+        self.settings = settings
+        self.pool: SlotPool | None = None
+        self.info: InfoResponse | None = None
+        self.model_id = "hetero-specdecode"
+        self._loading = asyncio.Lock()
+        self._workers = ThreadPoolExecutor(settings.parallel, thread_name_prefix="generation")
+        self._running: set[threading.Event] = set()
+
+    async def ready(self) -> SlotPool:
+        """The slots, the draft model loaded and checked against the verifier on first use."""
+        async with self._loading:
+            if self.pool is None:
+                self.pool = await asyncio.to_thread(self._load)
+        return self.pool
+
+    def verifier_health(self) -> str:
+        """ "ok", or why the verifier cannot be used (a short sentence). Blocking."""
+        with connect(self.settings, max_retries=0) as client:
+            try:
+                client.info()
+            except Exception as exc:
+                return str(exc)
+        return "ok"
+
+    def _load(self) -> SlotPool:
+        parallel = self.settings.parallel
+        # A person is waiting on the other side: fail fast rather than retry for long.
+        clients = [connect(self.settings, max_retries=1) for _ in range(parallel)]
+        try:
+            # Ids as they are only: serve tokenizes prompts with the draft model.
+            first, self.info, note = load_checked_drafter(clients[0], self.settings, n_seq=parallel)
+        except BaseException:
+            for client in clients:
+                client.close()
+            raise
+        models = [first, *(DraftModel.on(first.context, i) for i in range(1, parallel))]
+        self.model_id = self.info.model
+        if note:
+            log.info("%s", note)
+        log.info(
+            "draft model %s ready for verifier %s; generations at once: %d",
+            first.name,
+            self.settings.server,
+            parallel,
+        )
+        slots = [GenerationSlot(m, c) for m, c in zip(models, clients, strict=True)]
+        return SlotPool(slots, self.settings.queue)
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """A prompt the verifier's context cannot hold is refused before it takes a slot."""
+        assert self.info is not None
+        if len(prompt_ids) >= self.info.n_ctx:
+            raise PromptTooLong(
+                f"the prompt is {len(prompt_ids)} tokens; the verifier's context holds "
+                f"{self.info.n_ctx} (prompt and answer)"
+            )
+
+    def start(self, slot: GenerationSlot, generation: Generation) -> asyncio.Future[Finished]:
+        """Run the generation on a worker thread; the slot goes back to the pool when the
+        thread is done with it (not before, even if whoever awaits this is cancelled)."""
+        assert self.pool is not None
+        pool = self.pool
+        try:
+            future = asyncio.get_running_loop().run_in_executor(
+                self._workers, self._generate, slot, generation
+            )
+        except BaseException:  # shutting down: the slot was never used
+            pool.release(slot)
+            raise
+        self._running.add(generation.cancel)
+
+        def finished(_: asyncio.Future) -> None:
+            self._running.discard(generation.cancel)
+            pool.release(slot)
+
+        future.add_done_callback(finished)
+        return future
+
+    @property
+    def n_stopping(self) -> int:
+        """Generations told to stop (their client left) that have not ended yet."""
+        return sum(cancel.is_set() for cancel in list(self._running))
+
+    def close(self) -> None:
+        """Stop every generation within a round, wait for them, then free the model."""
+        for cancel in list(self._running):
+            cancel.set()
+        self._workers.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.slots[0].model.close()
+
+    def _generate(self, slot: GenerationSlot, generation: Generation) -> Finished:
+        model, prefill = slot.model, generation.prefill
+        sampling = prefill.sampling
+        seeded = sampling.seed is not None and not sampling.greedy
+        settings = self.settings.model_copy(
+            update={
+                # Drafting ahead goes as far as timing lets it, and so would seeded draws.
+                "pipeline": False if seeded else self.settings.pipeline,
+                "prompt": prefill.prompt or "",
+                "temperature": sampling.temperature,
+                "top_k": sampling.top_k,
+                "top_p": sampling.top_p,
+                "seed": sampling.seed,
+            }
+        )
+        assert self.info is not None
+        loop = speculative_loop(model, slot.client, self.info, settings)
+        if model.decodes_alone:
+            model.reset()
+        draft_cached = common_prefix_len(model.cached_tokens, generation.prompt_ids)
+        decoder = TextDecoder(model.token_bytes)
+        scanner = StopScanner(generation.stop)
+        rounds = loop.run(prefill, generation.max_tokens)
+        with contextlib.closing(rounds):  # closing the loop ends the verifier session
+            for event in rounds:
+                text = scanner.feed(decoder.feed(event.tokens))
+                if text:
+                    generation.emit(text)
+                if scanner.stopped or generation.cancel.is_set():
+                    break
+            else:
+                tail = scanner.feed(decoder.flush()) + scanner.flush()
+                if tail:
+                    generation.emit(tail)
+        result = loop.result
+        stats = result.stats
+        if generation.cancel.is_set():
+            log.info("generation cancelled after %d tokens", len(result.tokens))
+        else:
+            log.info(
+                "%d tokens in %d rounds: acceptance %.1f%%, %.2f tokens/round, %.1f tok/s",
+                len(result.tokens),
+                stats.rounds,
+                100 * stats.acceptance_rate,
+                stats.tokens_per_round,
+                stats.tokens_per_s,
+            )
+        return Finished(
+            prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.cached_prompt_tokens,
+            completion_tokens=len(result.tokens),
+            finish_reason="stop" if scanner.stopped or result.finish_reason == "eos" else "length",
+            figures=SpeculativeFigures(
+                strategy=result.strategy,
+                lossless=result.lossless,
+                vocab=result.vocab,
+                rounds=stats.rounds,
+                drafted=stats.drafted,
+                accepted=stats.accepted,
+                acceptance_rate=round(stats.acceptance_rate, 4),
+                tokens_per_round=round(stats.tokens_per_round, 4),
+                recoveries=stats.recoveries,
+                draft_cached_tokens=draft_cached,
+            ),
+        )

@@ -1,0 +1,136 @@
+"""Every error `serve` answers, in OpenAI's shape, mapped in this one place:
+{"error": {"message", "type", "param", "code"}}. Unknown routes, bad JSON, oversized
+bodies and anything unexpected included; no body is longer than a few hundred bytes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from drafter.errors import DrafterError, VerifierRejected, VerifierUnavailable, VocabularyMismatch
+from drafter.serve.slots import QueueFull
+
+log = logging.getLogger("drafter.serve")
+
+QUEUE_FULL_RETRY_AFTER_S = 2
+MAX_MESSAGE_CHARS = 500
+
+
+class OpenAIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        code: str | None = None,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.error_type, self.code, self.param = status, error_type, code, param
+        self.message = message if len(message) <= MAX_MESSAGE_CHARS else message[:497] + "..."
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, "invalid_request_error", code, param=param)
+
+
+class PromptTooLong(Exception):
+    pass
+
+
+def as_openai_error(exc: BaseException) -> OpenAIError:
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, PromptTooLong):
+        return invalid_request(str(exc), "messages", "context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        retry = {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}
+        return OpenAIError(429, str(exc), "rate_limit_error", "queue_full", headers=retry)
+    if isinstance(exc, VocabularyMismatch):
+        return OpenAIError(502, str(exc), "verifier_error", "vocabulary_mismatch")
+    if isinstance(exc, VerifierUnavailable):
+        return OpenAIError(503, str(exc), "verifier_error", "verifier_unavailable")
+    if isinstance(exc, VerifierRejected):
+        if exc.status == 401:
+            return OpenAIError(
+                502,
+                "the verifier refused this server's API key (the key `serve` sends to the "
+                "verifier, not yours): start `draft_token_generator serve` with --api-key "
+                "or DRAFTER_API_KEY set to a key the verifier accepts",
+                "verifier_error",
+                "verifier_unauthorized",
+            )
+        if exc.status == 400 or exc.status == 422:
+            return invalid_request(exc.message, code=exc.error_type)
+        status = exc.status if exc.status in (409, 503) else 502
+        return OpenAIError(status, exc.message, "verifier_error", exc.error_type)
+    if isinstance(exc, DrafterError):
+        return OpenAIError(500, str(exc), "server_error", "drafter_error")
+    log.error("unexpected error", exc_info=exc)
+    return OpenAIError(500, f"{type(exc).__name__}: {exc}", "server_error", "internal_error")
+
+
+def describe_validation(errors: Sequence[dict[str, Any]]) -> OpenAIError:
+    """The first problem only, its field named: a request with a million bad values gets
+    one short answer."""
+    if not errors:
+        return invalid_request("invalid request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return invalid_request("the request body is not valid JSON", code="invalid_json")
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return invalid_request(f"{where}: {first.get('msg', 'invalid')}{more}", param=where or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return describe_validation(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            error = OpenAIError(
+                404, f"no route {request.url.path}", "invalid_request_error", "not_found"
+            )
+        elif exc.status_code == 405:
+            error = OpenAIError(
+                405,
+                f"{request.method} is not allowed on {request.url.path}",
+                "invalid_request_error",
+                "method_not_allowed",
+            )
+        else:
+            error = OpenAIError(exc.status_code, str(exc.detail), "invalid_request_error")
+        return error.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return as_openai_error(exc).response()

@@ -1,0 +1,178 @@
+"""Every drafter setting, once: its default, its meaning, its `DRAFTER_*` variable.
+
+The CLI's flags are made from these fields (drafter/cli.py), so a default or a help text
+lives here only. Precedence, highest first: a flag on the command line, a `DRAFTER_*`
+environment variable, the default below.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server.shared.defaults import DEFAULT_DRAFTER_MODEL
+from server.shared.protocol import MAX_DRAFT_SCHEMA, SamplingParams, Strategy, strategy_for
+
+
+class DrafterKind(StrEnum):
+    model = "model"
+    ngram = "ngram"
+    model_ngram = "model+ngram"
+
+
+class OutputFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+DraftN = int | Literal["auto"]
+
+
+def parse_draft_n(value: object) -> DraftN:
+    """'auto' or a number of tokens in [0, MAX_DRAFT_SCHEMA]; ValueError otherwise."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    k = int(value)  # type: ignore[call-overload]
+    if not 0 <= k <= MAX_DRAFT_SCHEMA:
+        raise ValueError(f"a number of tokens in [0, {MAX_DRAFT_SCHEMA}] or 'auto'")
+    return k
+
+
+class DrafterSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DRAFTER_", extra="forbid")
+
+    # -- the verifier ------------------------------------------------------------------
+    server: str = Field("http://127.0.0.1:8000", description="The verifier's base URL.")
+    api_key: str | None = Field(
+        None, description="The verifier's API key (sent as Authorization: Bearer)."
+    )
+    ca_cert: Path | None = Field(
+        None, description="A CA certificate to trust for an https:// verifier."
+    )
+    timeout: float = Field(60.0, gt=0, description="Seconds to wait for each request.")
+    retries: int = Field(
+        6,
+        ge=0,
+        description="Retries, with backoff, of a request whose connection was lost or that "
+        "got 502, 503 or 504 from a verifier that was reachable before.",
+    )
+    # -- the draft model ---------------------------------------------------------------
+    model: Path = Field(
+        DEFAULT_DRAFTER_MODEL,
+        description="The draft model's GGUF file (any vocabulary: another one is drafted "
+        "through text).",
+    )
+    n_gpu_layers: int | None = Field(
+        None,
+        ge=-1,
+        description="Draft model layers on the GPU (default: all where the build has Metal "
+        "or CUDA, else 0).",
+    )
+    threads: int = Field(
+        0, ge=0, description="CPU threads for the draft model (0: the cores this process may use)."
+    )
+    verbose: bool = Field(False, description="Print llama.cpp's own log on stderr.")
+    translate: bool = Field(
+        True,
+        description="Draft through text for a verifier with another tokenizer (off: refuse "
+        "such a pair).",
+    )
+    # -- drafting ----------------------------------------------------------------------
+    draft_n: DraftN = Field(
+        4,
+        description="Tokens drafted per round, or 'auto' (the drafter's adaptive schedule, "
+        "see --drafter).",
+    )
+    drafter: DrafterKind = Field(
+        DrafterKind.model,
+        description="Who drafts: the draft model, prompt lookup (ngram, no model), or "
+        "lookup with the model behind it (model+ngram).",
+    )
+    pipeline: bool | None = Field(
+        None,
+        description="Draft the next round while this one is verified (default: on with a "
+        "model drafter, except for seeded sampling).",
+    )
+    p_min: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Stop a draft where the draft model's probability of its token falls "
+        "below this (0: off).",
+    )
+    # -- one generation (the default command) ------------------------------------------
+    prompt: str | None = Field(None, description="The prompt text.")
+    chat: bool = Field(False, description="Apply the model's chat template to the prompt.")
+    system: str | None = Field(None, description="A system message (with --chat).")
+    max_tokens: int = Field(80, ge=1, description="Tokens to generate at most.")
+    output: OutputFormat = Field(
+        OutputFormat.text, description="Streamed text and a stats table, or one JSON object."
+    )
+    baseline: bool = Field(
+        False,
+        description="Also run the verifier alone on the same prompt and report the measured "
+        "speedup.",
+    )
+    temperature: float = Field(
+        0.0, ge=0.0, le=100.0, description="0 is greedy (exactly the verifier's own output)."
+    )
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0: off).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass (1: off).")
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="The same seed gives the same output."
+    )
+    strategy: Strategy | None = Field(
+        None,
+        description="How drafts are verified: greedy (at temperature 0), rejection (the "
+        "default when sampling), match, or threshold (lossy).",
+    )
+    threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="With --strategy threshold: accept when p >= this."
+    )
+    # -- `serve` -----------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="The address `serve` listens on.")
+    port: int = Field(8080, ge=1, le=65535, description="The port `serve` listens on.")
+    parallel: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Generations `serve` runs at once, each on its own draft sequence and "
+        "verifier session.",
+    )
+    queue: int = Field(
+        8, ge=0, description="Requests `serve` keeps waiting beyond --parallel; more get 429."
+    )
+
+    @field_validator("draft_n", mode="before")
+    @classmethod
+    def _draft_n(cls, value: object) -> DraftN:
+        return parse_draft_n(value)
+
+    @model_validator(mode="after")
+    def _sampling_is_valid(self) -> DrafterSettings:
+        self.sampling  # noqa: B018 - raises a ValidationError naming the bad value
+        return self
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+        )
+
+    @property
+    def effective_strategy(self) -> Strategy:
+        return strategy_for(self.strategy, self.sampling)
+
+    @property
+    def use_pipeline(self) -> bool:
+        """Pipelining overlaps model drafting with the round trip: nothing to overlap for
+        n-gram drafts. Off by default for seeded sampling: how far it drafts ahead
+        depends on timing, and so would the drafter's random draws, and the output."""
+        if self.pipeline is not None:
+            return self.pipeline
+        seeded_sampling = self.sampling.seed is not None and not self.sampling.greedy
+        return self.drafter != DrafterKind.ngram and not seeded_sampling

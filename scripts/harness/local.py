@@ -1,0 +1,172 @@
+"""A verifier in a subprocess on 127.0.0.1, for tests, benchmarks and the load test:
+`uvicorn server.main:app` started, waited for (GET /health), stopped."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from server.shared.defaults import REPO_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM (a graceful stop), then SIGKILL if it has not ended in 15 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class LocalVerifier:
+    def __init__(
+        self,
+        env: dict[str, str],
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        scheme: str = "http",
+        command_prefix: Sequence[str] = (),
+        source: Path | None = None,
+    ):
+        """`command_prefix` runs the server under another command (`taskset -c 1`);
+        `source`: another checkout of this repository whose verifier to run (A/B runs)."""
+        self.port = port or free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.scheme = scheme
+        self.env = env
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"verifier-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                *command_prefix,
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "server.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                *extra_args,
+            ],
+            cwd=source or REPO_ROOT,
+            env={**os.environ, **({"PYTHONPATH": str(source)} if source else {}), **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def healthy(self) -> bool:
+        if self.scheme == "https":
+            import ssl
+
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=1.0, context=ssl._create_unverified_context()
+            )
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"verifier exited: {self.log_path.read_text()[-2000:]}")
+            if self.healthy():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"verifier not ready in {timeout}s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+    def __enter__(self) -> LocalVerifier:
+        try:
+            self.wait_ready()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalServe:
+    """`draft_token_generator serve` (the drafter's OpenAI endpoint) in a subprocess on
+    127.0.0.1, waited for (GET /v1/models); its log in a file (a pipe nobody reads would
+    fill up and stop it)."""
+
+    def __init__(
+        self,
+        verifier_url: str,
+        *extra_args: str,
+        threads: int = 1,
+        command_prefix: Sequence[str] = (),
+        timeout: float = 60.0,
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        script = Path(sys.executable).parent / "draft_token_generator"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [
+                *command_prefix,
+                str(script),
+                "serve",
+                "--server",
+                verifier_url,
+                "--port",
+                str(self.port),
+                "--threads",
+                str(threads),
+                *extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._answers("/v1/models"):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the local OpenAI server did not start")
+
+    def _answers(self, path: str) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> str:
+        """Stops it; returns its log."""
+        stop_process(self.process)
+        self._log.close()
+        return self.log_path.read_text()

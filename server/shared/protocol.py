@@ -1,0 +1,252 @@
+"""Wire protocol v2: the pydantic models both sides speak (docs/protocol.md).
+
+Only token ids cross the wire. The drafter imports these models too, so a field
+changed here changes both ends at once.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, model_validator
+
+PROTOCOL_VERSION = 2  # 2: client-chosen session ids, X-Session-Id
+
+# Strict: "1", 1.0 or true are not token ids; a client that sends them has a bug.
+TokenId = Annotated[int, Strict(), Field(ge=0, lt=2**31)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class Strategy(StrEnum):
+    """How a round's draft is judged (server/shared/acceptance.py)."""
+
+    greedy = "greedy"
+    rejection = "rejection"
+    match = "match"
+    threshold = "threshold"  # lossy
+
+
+# Long enough to be a random choice (a UUID; 22 is 128 bits in base64): ids are one space
+# for every key, so a guessable one could be taken or probed (409) by another.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{21,63}$"
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
+# Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
+# balancer can hash it without reading the body (see the README's protocol section).
+SESSION_ID_HEADER = "X-Session-Id"
+# Which strategies keep the output distributed exactly as the verifier's own.
+LOSSLESS: dict[Strategy, bool] = {
+    Strategy.greedy: True,
+    Strategy.rejection: True,
+    Strategy.match: True,
+    Strategy.threshold: False,
+}
+# Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
+MAX_DRAFT_SCHEMA = 256
+MAX_PROMPT_TOKENS_SCHEMA = 1 << 20
+
+
+class WireModel(BaseModel):
+    # Unknown fields are refused: a typo in a client must not be silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResponseModel(BaseModel):
+    # A newer server may add fields (protocol v2 grows compatibly): a client ignores them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class SamplingParams(WireModel):
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, le=1 << 20, description="0 = no top-k cut")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = no nucleus cut")
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class PromptInput(WireModel):
+    # Exactly one of the two, said in the schema too (OpenAPI clients and fuzzers read it).
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["prompt_tokens"]}]}
+    )
+
+    prompt: str = Field(None, max_length=4 << 20)
+    prompt_tokens: list[TokenId] = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)
+    add_bos: bool = Field(True, description="add BOS if the model's vocabulary asks for it")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> PromptInput:
+        if (self.prompt is None) == (self.prompt_tokens is None):
+            raise ValueError("give exactly one of 'prompt' or 'prompt_tokens'")
+        return self
+
+
+class PrefillRequest(PromptInput):
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    strategy: Strategy | None = Field(
+        None,
+        description="greedy (temperature 0, the default then), rejection (the default when "
+        "sampling; needs draft_probs), match (sample-and-match), threshold (LOSSY)",
+    )
+    threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="with strategy=threshold: accept when p(x) >= this"
+    )
+    session_id: str | None = Field(
+        None,
+        pattern=SESSION_ID_PATTERN,
+        description="the new session's id, chosen by the client (22 to 64 letters, digits, "
+        "'-' or '_': a random UUID, never a guessable name) so that a balancer can route "
+        "every request of the session by its X-Session-Id header; 409 session_exists if "
+        "one has it. Without it the server chooses",
+    )
+
+
+class PrefillResponse(ResponseModel):
+    session_id: str
+    prompt_ids: list[int]
+    prompt_len: int
+    total_tokens: int
+    strategy: Strategy
+    lossless: bool
+    cached_tokens: int = Field(
+        0,
+        description="prompt tokens taken from a cached prefix of the same API key, not "
+        "evaluated again",
+    )
+
+
+class VerifyRequest(WireModel):
+    session_id: str = Field(min_length=1, max_length=128)
+    n_past: Annotated[int, Strict()] = Field(
+        ge=0, lt=2**31, description="tokens the drafter believes are committed"
+    )
+    draft_tokens: list[TokenId] = Field(default_factory=list, max_length=MAX_DRAFT_SCHEMA)
+    draft_probs: list[list[tuple[TokenId, Probability]]] | None = Field(
+        None, max_length=MAX_DRAFT_SCHEMA
+    )
+
+
+class RoundTimings(ResponseModel):
+    decode_ms: float = Field(description="time spent in llama_decode for this round")
+    engine_ms: float = Field(
+        0.0,
+        description="the round's time in the engine: checks, llama_decode (shared with "
+        "the sessions batched with it), acceptance. The rest of a round trip is protocol: "
+        "HTTP, JSON, the hand-off between threads, the network",
+    )
+    decoded_tokens: int = Field(description="tokens evaluated for this round (k + 1)")
+
+
+class VerifyResponse(ResponseModel):
+    accepted_prefix_len: int
+    tokens: list[int] = Field(description="draft_tokens[:m] + one token chosen by the target")
+    preds: list[int] = Field(description="the target's argmax at each of the k+1 positions")
+    total_tokens: int
+    eos: bool
+    strategy: Strategy
+    lossless: bool
+    timings: RoundTimings
+    # Not on the wire: set once the round is in the metrics. A duplicate or a replay gets
+    # this very object back, so a round is counted once however often it is answered.
+    _counted: bool = PrivateAttr(default=False)
+
+
+class GenerateRequest(PromptInput):
+    max_tokens: int = Field(64, ge=1, le=1 << 20)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class GenerateTimings(ResponseModel):
+    prompt_ms: float
+    decode_ms: float
+    total_ms: float
+    tokens_per_s: float
+
+
+class GenerateResponse(ResponseModel):
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str
+    eos: bool
+    timings: GenerateTimings
+
+
+class InfoResponse(ResponseModel):
+    protocol_version: int = PROTOCOL_VERSION
+    model: str
+    model_path: str
+    quantization: str
+    n_vocab: int
+    n_ctx: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    vocab_hash: str
+    # What a drafter with another vocabulary needs to judge it as llama.cpp does
+    # (server/vocab.py); an older verifier leaves them out, and only "same" passes.
+    vocab_type: str = ""
+    add_eos: bool = False
+    vocab_text_hashes: dict[int, str] = Field(
+        default_factory=dict,
+        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
+        "of n_vocab: a drafter compares the range both vocabularies have",
+    )
+    max_draft: int
+    max_sessions: int
+    flash_attn: bool
+    batch_invariant: bool = Field(
+        True,
+        description="whether a row's logits were bit-identical however it was batched, in "
+        "the startup probe on this build and device; greedy is token for token only if so",
+    )
+    batch_max_diff: float = Field(
+        0.0, description="the probe's largest logit difference between batch shapes"
+    )
+    pinned_width: int = Field(
+        0,
+        description="> 0: every pass is every session this many rows wide (shapes pinned "
+        "because this build's kernels change with the row count)",
+    )
+    max_pass_rows: int = Field(0, description="the most rows one pass of rounds has")
+    pass_cost_rows: float = Field(
+        0.0, description="what one forward pass costs here, in rows (the pass planner's trade)"
+    )
+    prefill_chunk_invariant: bool = Field(
+        True,
+        description="whether the probe's prompt gave the same next-token logits evaluated in "
+        "one chunk and in two; prompt reuse is exact, so on, only if so",
+    )
+    prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
+    prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
+    prefix_cache: bool = Field(
+        False, description="whether ended sessions' prompts are kept and reused"
+    )
+    strategies: dict[str, bool] = Field(
+        default_factory=lambda: dict(LOSSLESS),
+        description="verification strategies, each mapped to whether it is lossless here",
+    )
+
+
+class HealthResponse(ResponseModel):
+    status: Literal["ok", "loading", "error"]
+    detail: str | None = None
+
+
+class ErrorDetail(ResponseModel):
+    code: int
+    type: str
+    message: str
+
+
+class ErrorBody(ResponseModel):
+    error: ErrorDetail
+
+
+def strategy_for(strategy: Strategy | None, sampling: SamplingParams) -> Strategy:
+    """The strategy asked for, or the natural one for the sampling: greedy at temperature
+    0, else rejection sampling. One rule for the drafter and the verifier."""
+    return strategy or (Strategy.greedy if sampling.greedy else Strategy.rejection)

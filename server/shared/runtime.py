@@ -1,0 +1,333 @@
+"""The one module that imports llama_cpp: a thin, side-neutral wrapper over its C API.
+
+The verifier engine and the drafter's model both sit on these classes, so the fast-moving
+llama.cpp API (llama_memory_seq_rm, flash_attn_type, the vocab functions) is touched in
+one place only. LlamaVocab is a model's vocabulary (loadable without its weights);
+LlamaRuntime adds the weights and one context with `n_seq_max` KV sequences.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from server.shared.vocab import VOCAB_TYPES
+
+log = logging.getLogger(__name__)
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready
+    # llama-cpp-python prints every llama.cpp log line unless its logger is raised.
+    logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+class LlamaError(Exception):
+    """llama.cpp refused an operation (model load, context, decode)."""
+
+
+class DecodeError(LlamaError):
+    def __init__(self, status: int):
+        self.status = status
+        reason = {1: "no KV cache slot for the batch", 2: "aborted"}.get(status, "decode failed")
+        super().__init__(f"llama_decode returned {status}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    token: int
+    pos: int
+    seq_id: int
+    want_logits: bool
+
+
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity (what `taskset` or a cpuset
+    allows), capped by a CPU quota (cgroup v2 `cpu.max`, as `docker --cpus` and
+    Kubernetes limits set it); not the machine's count, nor llama.cpp's fixed default."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity API
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota here
+    return cores
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+class LlamaVocab:
+    """A model file's vocabulary, chat template and metadata. With `vocab_only`, the
+    weights are never read: a vocabulary file (GET /vocab) is enough."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        vocab_only: bool = False,
+        n_gpu_layers: int = 0,
+        verbose: bool = False,
+    ):
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise FileNotFoundError(f"model file not found: {model_path}")
+        _init_backend(verbose)
+        self.model_path = model_path
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
+        model_params.vocab_only = vocab_only
+        self._model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
+        if not self._model:
+            raise LlamaError(f"llama.cpp could not load the model {model_path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._closed = False
+
+    # -- model facts ------------------------------------------------------------------
+
+    @property
+    def bos_id(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos_id(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
+
+    @property
+    def vocab_type(self) -> str:
+        kind = int(llama_cpp.llama_vocab_type(self._vocab))
+        return VOCAB_TYPES.get(kind, f"type {kind}")
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token's id, or -1 where the vocabulary has none."""
+        return int(llama_cpp.llama_vocab_pad(self._vocab))
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def quantization(self) -> str:
+        ftype = int(llama_cpp.llama_model_ftype(self._model))
+        name = llama_cpp.llama_ftype_name(ftype)
+        return name.decode() if name else f"ftype {ftype}"
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's own text of a token (special tokens spelled out)."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+
+    def vocab_pieces(self) -> Iterator[bytes]:
+        for token_id in range(self.n_vocab):
+            yield self.token_text(token_id)
+
+    # -- text <-> tokens --------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buf, capacity, add_special, parse_special
+        )
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes a token contributes to the text (control tokens give b"", or
+        with `special` their own spelling, `<|im_start|>`)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def chat_prompt(self, user: str, system: str | None = None) -> str:
+        messages = [("system", system)] if system else []
+        messages.append(("user", user))
+        return self.apply_chat_template(messages)
+
+    def starts_with_bos(self, text: str) -> bool:
+        """Whether a rendered prompt writes the BOS text itself (some templates do)."""
+        bos_text = self.token_text(self.bos_id)
+        return bool(bos_text) and text.encode().startswith(bos_text)
+
+    def apply_chat_template(self, messages: Sequence[tuple[str, str]]) -> str:
+        """Render (role, content) messages with the model's own chat template, ready for
+        the assistant's turn."""
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        if template is None:
+            raise LlamaError(f"{self.model_path.name} has no chat template")
+        chat = (llama_cpp.llama_chat_message * len(messages))()
+        keep = []  # the C struct holds pointers: keep the bytes alive
+        for i, (role, content) in enumerate(messages):
+            role_b, content_b = role.encode(), content.encode()
+            keep += [role_b, content_b]
+            chat[i].role = role_b
+            chat[i].content = content_b
+        size = 4096 + sum(len(c) for _, c in messages) * 2
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+            if n < 0:
+                raise LlamaError("llama.cpp does not know this model's chat template")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8")
+            size = n
+        raise LlamaError("chat template output kept growing")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llama_cpp.llama_model_free(self._model)
+
+
+class LlamaRuntime(LlamaVocab):
+    """A model and one context with `n_seq_max` KV sequences."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx_per_seq: int,
+        n_seq_max: int = 1,
+        n_batch: int = 512,
+        n_threads: int = 0,
+        n_gpu_layers: int = 0,
+        flash_attn: bool = True,
+        verbose: bool = False,
+    ):
+        super().__init__(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        ctx_params = llama_cpp.llama_context_default_params()
+        # Each session gets its own KV stream of n_ctx_per_seq cells (kv_unified off), so
+        # one session's length never eats another's room.
+        ctx_params.n_ctx = n_ctx_per_seq * n_seq_max
+        ctx_params.n_seq_max = n_seq_max
+        ctx_params.kv_unified = False
+        ctx_params.n_batch = n_batch
+        ctx_params.n_ubatch = n_batch
+        ctx_params.n_threads = ctx_params.n_threads_batch = n_threads or usable_cores()
+        ctx_params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if flash_attn
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        ctx_params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, ctx_params)
+        if not self._ctx:
+            super().close()
+            raise LlamaError("llama.cpp could not create a context (out of memory?)")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_seq_max = n_seq_max
+        self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
+        self.n_threads = int(llama_cpp.llama_n_threads(self._ctx))
+        self.flash_attn = flash_attn
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.decoded_tokens_total = 0
+
+    # -- the KV cache -----------------------------------------------------------------
+
+    def decode(self, entries: Sequence[BatchEntry]) -> np.ndarray:
+        """One llama_decode of `entries`; returns the logits rows asked for, in order."""
+        if not entries:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if len(entries) > self.n_batch:
+            raise ValueError(f"{len(entries)} tokens exceed n_batch={self.n_batch}")
+        batch = self._batch
+        for i, entry in enumerate(entries):
+            batch.token[i] = entry.token
+            batch.pos[i] = entry.pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = entry.seq_id
+            batch.logits[i] = entry.want_logits
+        batch.n_tokens = len(entries)
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise DecodeError(status)
+        self.decoded_tokens_total += len(entries)
+        rows = [i for i, entry in enumerate(entries) if entry.want_logits]
+        out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+        for row, i in enumerate(rows):
+            ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
+            out[row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return out
+
+    def next_position(self, seq_id: int) -> int:
+        """The position after the sequence's last cell (0 when it holds none)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+
+    def remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        """Drop the sequence's KV entries at positions [p0, p1) (p1 = -1: to the end)."""
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1):
+            raise LlamaError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
+
+    def clear(self, seq_id: int) -> None:
+        self.remove(seq_id, -1, -1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        llama_cpp.llama_batch_free(self._batch)
+        llama_cpp.llama_free(self._ctx)
+        super().close()
+
+
+def quantize_model(
+    source: str | Path, destination: str | Path, ftype: str, n_threads: int = 0
+) -> None:
+    """Write `destination` as `source` requantized to `ftype` ("Q8_0", "Q4_K_M", ...)."""
+    _init_backend(verbose=False)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype.upper()}")
+    params.allow_requantize = True
+    params.nthread = n_threads
+    status = llama_cpp.llama_model_quantize(
+        str(source).encode(), str(destination).encode(), ctypes.byref(params)
+    )
+    if status != 0:
+        raise LlamaError(f"llama_model_quantize({source} -> {ftype}) returned {status}")

@@ -1,0 +1,194 @@
+"""Every error the verifier returns, and the one place they become HTTP responses.
+
+All of them share one body: {"error": {"code", "type", "message"}} (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status_code = 400
+    error_type = "invalid_request"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers
+
+
+class SessionNotFound(APIError):
+    status_code = 404
+    error_type = "session_not_found"
+
+
+class NPastMismatch(APIError):
+    status_code = 409
+    error_type = "n_past_mismatch"
+
+
+class SessionBusy(APIError):
+    """A guard: the scheduler never lets two rounds (or a round and a delete) of one
+    session meet in the engine."""
+
+    status_code = 409
+    error_type = "session_busy"
+
+
+class SessionExists(APIError):
+    status_code = 409
+    error_type = "session_exists"
+
+
+class SessionIdMismatch(APIError):
+    error_type = "session_id_mismatch"
+
+
+class InvalidToken(APIError):
+    error_type = "invalid_token"
+
+
+class DraftTooLong(APIError):
+    error_type = "draft_too_long"
+
+
+class ContextOverflow(APIError):
+    error_type = "context_overflow"
+
+
+class EmptyPrompt(APIError):
+    error_type = "empty_prompt"
+
+
+class InvalidDraftProbs(APIError):
+    error_type = "invalid_draft_probs"
+
+
+class UnsupportedSampling(APIError):
+    error_type = "unsupported_sampling"
+
+
+class Unavailable(APIError):
+    """503 with Retry-After: nothing was done, and sending the request again is safe."""
+
+    status_code = 503
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelNotReady(Unavailable):
+    error_type = "model_loading"
+
+    def __init__(self, message: str = "the model is still loading"):
+        super().__init__(message)
+
+
+class ServerFull(Unavailable):
+    error_type = "server_full"
+
+
+class EngineInterrupted(Unavailable):
+    """The engine's pass broke before this job was done; the job was undone, so sending it
+    again is safe (a round already answered is replayed)."""
+
+    error_type = "engine_interrupted"
+
+
+class DecodeFailed(APIError):
+    """llama_decode refused this job even alone: retrying will not help."""
+
+    status_code = 500
+    error_type = "decode_failed"
+
+
+class NonFiniteNumbers(APIError):
+    """The model's numbers for a round are not finite: the round is undone, never judged."""
+
+    status_code = 500
+    error_type = "non_finite_numbers"
+
+
+class InternalError(APIError):
+    status_code = 500
+    error_type = "internal_error"
+
+
+def error_body(status_code: int, error_type: str, message: str) -> dict:
+    return {"error": {"code": status_code, "type": error_type, "message": message}}
+
+
+def error_response(
+    status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(status_code, error_type, message), status_code=status_code, headers=headers
+    )
+
+
+async def send_error(
+    send,
+    status_code: int,
+    error_type: str,
+    message: str,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """The same error, from pure ASGI code (the guard, the /verify lane)."""
+    body = json.dumps(error_body(status_code, error_type, message)).encode()
+    await send_json(send, status_code, body, headers)
+
+
+async def send_json(
+    send, status_code: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    start_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status_code, "headers": start_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def describe_validation(errors: Sequence[dict[str, Any]]) -> tuple[int, str, str]:
+    """(status, type, message) for pydantic's errors, as FastAPI or the lane found them."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return 400, "malformed_json", "the request body is not valid JSON"
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return 422, "invalid_request", "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(*describe_validation(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = {404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error"
+        )
+        return error_response(exc.status_code, error_type, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,258 @@
+"""Does this build, on this device, give a row the same logits in every pass shape the
+scheduler makes? Checked at startup, where the server runs (docs/numerics.md).
+
+Greedy speculative decoding is token for token the verifier's own output only if a row's
+logits do not depend on the pass it was computed in: a round decodes k+1 rows at once,
+beside other sessions' rounds (padded to one width, with filler rows for sequences in
+between: server/verifier/passes.py), where the verifier alone decodes one row. So the
+probe fills every sequence with a context and compares, bit for bit:
+
+1. a round's rows decoded one at a time (how `/generate` sees them when nobody else is
+   about), against
+2. the same round alone, and
+3. the same round in the largest pass the scheduler makes: every sequence with a round,
+   rounds of unequal lengths padded to the widest, as many rows as a pass can have.
+
+If the free shapes differ (GPU kernels that pick another algorithm for another row
+count), it tries pinned shapes: every pass every sequence at one width
+(`VERIFIER_PIN_SHAPES`). The timings of 2 and 3 give the ratio the planner weighs: how
+many rows one pass costs.
+
+Prompts are evaluated in chunks, and a chunk's length can decide the kernel (llama.cpp's
+CPU build takes another path from 64 rows of one sequence on). The scheduler always cuts
+a prompt at the same places, so this decides only whether a cached prefix (cut
+elsewhere) may be reused: the probe evaluates a prompt in one chunk and cut at other
+places, at each chunk length offered, longest first, and reports the first that agrees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from server.verifier.jobs import JobRows
+from server.verifier.passes import PassShapes
+
+PROBE_TEXT = (
+    "Speculative decoding checks a whole draft in one pass, so the numbers must not "
+    "depend on the batch: 3, 5, 8, 13, 21."
+)
+PROBE_CONTEXT = 24  # tokens each sequence holds before the probed rounds
+PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
+# Shorter prompt chunks tried when prompt reuse is wanted and n_batch is not exact.
+AUTO_PROMPT_CHUNKS = (48, 32, 16)
+TIMED_REPEATS = 3
+# The rounds the pass cost is measured with: of the size rounds usually have (k = 4).
+TIMED_ROUND_ROWS = 5
+
+
+class ProbeTarget(Protocol):
+    n_seq: int
+    n_batch: int
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+
+    def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
+
+    def evaluate_prompt(
+        self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
+    ) -> None: ...
+
+    def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    batch_invariant: bool
+    max_abs_diff: float  # the largest logit difference between any two ways
+    argmax_agrees: bool  # the greedy choice at every probed position, all ways
+    positions: int
+    pinned_width: int = 0  # > 0: every pass is every sequence this many rows wide
+    prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
+    prefill_chunk_max_diff: float = 0.0
+    prompt_chunk: int = 0  # the chunk length those two describe
+    pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
+
+
+def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
+    """Bit-for-bit comparison of logits rows from several ways of batching (pure)."""
+    diff = 0.0
+    argmax_agrees = True
+    for rows in others:
+        if rows.shape != reference.shape:
+            raise ValueError(f"probe rows {rows.shape} against {reference.shape}")
+        diff = max(diff, float(np.max(np.abs(rows.astype(np.float64) - reference))))
+        argmax_agrees &= bool(np.array_equal(rows.argmax(axis=1), reference.argmax(axis=1)))
+    return InvarianceReport(
+        batch_invariant=diff == 0.0,
+        max_abs_diff=diff,
+        argmax_agrees=argmax_agrees,
+        positions=reference.shape[0],
+    )
+
+
+def prompt_chunks(n_batch: int, requested: int, reuse: bool, shortest: int) -> list[int]:
+    """Prompt chunk lengths to probe, the preferred first: `requested` (0 = n_batch); with
+    reuse wanted and nothing requested, shorter ones too, down to `shortest` (a round's
+    rows: a reused prefix holds rounds, which must take the kernels a chunk takes). Reuse
+    is exact only where a prompt's numbers do not depend on its cuts: short chunks cost a
+    cold prompt time and save every later turn of a conversation."""
+    first = min(requested or n_batch, n_batch)
+    if requested or not reuse:
+        return [first]
+    return [first, *(n for n in AUTO_PROMPT_CHUNKS if shortest <= n < first)]
+
+
+def probe(
+    target: ProbeTarget,
+    free: PassShapes,
+    *,
+    round_rows: int,
+    pin: str,
+    pin_width: int,
+    prompt_chunks: Sequence[int],
+) -> InvarianceReport:
+    """The shapes to use and whether they are exact. `free`: the planner's free shapes;
+    `round_rows`: the longest round (max_draft + 1); `pin`: "auto" (pinned shapes if the
+    free ones differ and pinned ones agree), "on" or "off". Leaves every sequence empty."""
+    ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
+    try:
+        report = _rounds(target, free, ids, round_rows) if pin != "on" else None
+        if report is not None and report.batch_invariant:
+            rows = min(round_rows, TIMED_ROUND_ROWS)
+            report = replace(report, pass_cost_rows=_pass_cost(target, free, ids, rows))
+        elif pin != "off":
+            pinned = replace(free, pinned_width=pin_width)
+            pinned_report = replace(
+                _rounds(target, pinned, ids, round_rows), pinned_width=pin_width
+            )
+            if report is None or pinned_report.batch_invariant:
+                report = pinned_report
+        assert report is not None
+        shapes = replace(free, pinned_width=report.pinned_width)
+        chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
+        if not report.batch_invariant:
+            chunks = chunks[:1]  # shorter chunks serve only reuse, which needs exact rounds
+        diffs = []
+        for chunk in chunks:
+            diffs.append(_prompt_chunking(target, shapes, chunk))
+            if diffs[-1] == 0.0:
+                break
+    finally:
+        for seq_id in range(target.n_seq):
+            target.remove(seq_id, -1)
+    chosen = len(diffs) - 1 if diffs[-1] == 0.0 else 0  # the passing one, else the first
+    return replace(
+        report,
+        prefill_chunk_invariant=diffs[chosen] == 0.0,
+        prefill_chunk_max_diff=diffs[chosen],
+        prompt_chunk=chunks[chosen],
+    )
+
+
+def _context(ids: Sequence[int], seq_id: int) -> list[int]:
+    """A context of its own for each sequence: the probe text rotated."""
+    shift = (seq_id * 5) % (len(ids) - PROBE_CONTEXT)
+    return list(ids[1 + shift : 1 + shift + PROBE_CONTEXT - 1])
+
+
+def _fill(target: ProbeTarget, shapes: PassShapes, ids: Sequence[int]) -> None:
+    chunk = shapes.pinned_width or min(PROBE_CONTEXT, target.n_batch)
+    for seq_id in range(target.n_seq):
+        target.remove(seq_id, -1)
+        target.evaluate_prompt(seq_id, [ids[0], *_context(ids, seq_id)], 0, chunk, shapes)
+
+
+def _round_tokens(ids: Sequence[int], seq_id: int, n: int) -> list[int]:
+    start = PROBE_CONTEXT + (seq_id * 3) % max(1, len(ids) - PROBE_CONTEXT - n)
+    return list(ids[start : start + n])
+
+
+def _rounds(
+    target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
+) -> InvarianceReport:
+    """Rounds one row at a time, alone, and in the largest pass, compared."""
+    _fill(target, shapes, ids)
+    probed = sorted({target.n_seq // 2, target.n_seq - 1})
+    lengths = {
+        s: round_rows if s in probed else 1 + (s * 7) % round_rows for s in range(target.n_seq)
+    }
+    rounds = {s: _round_tokens(ids, s, lengths[s]) for s in range(target.n_seq)}
+
+    def decode(jobs: list[JobRows]) -> list[np.ndarray]:
+        try:
+            return target.decode_jobs(jobs, shapes)
+        finally:
+            for job in jobs:
+                target.remove(job.seq_id, PROBE_CONTEXT)
+
+    references = {
+        s: np.concatenate(
+            [
+                target.decode_jobs([JobRows(s, PROBE_CONTEXT + i, [token], True)], shapes)[0]
+                for i, token in enumerate(rounds[s])
+            ]
+        )
+        for s in probed
+    }
+    for s in probed:
+        target.remove(s, PROBE_CONTEXT)
+    alone = {s: decode([JobRows(s, PROBE_CONTEXT, rounds[s], True)])[0] for s in probed}
+    largest = decode([JobRows(s, PROBE_CONTEXT, rounds[s], True) for s in rounds])
+    reports = [compare(references[s], [alone[s], largest[s]]) for s in probed]
+    worst = max(reports, key=lambda r: r.max_abs_diff)
+    return replace(worst, batch_invariant=all(r.batch_invariant for r in reports))
+
+
+def _pass_cost(
+    target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
+) -> float:
+    """How many rows one pass costs, from the time of one round alone and of every
+    sequence with one (the least of a few tries each): the planner's trade between
+    padding rows and more passes."""
+    if target.n_seq < 2:
+        return 0.0
+    shapes = replace(shapes, pass_cost_rows=float(shapes.max_rows))  # every round in one pass
+    rounds = [
+        JobRows(s, PROBE_CONTEXT, _round_tokens(ids, s, round_rows), True)
+        for s in range(target.n_seq)
+    ]
+
+    def timed(jobs: list[JobRows]) -> float:
+        best = float("inf")
+        for _ in range(TIMED_REPEATS):
+            began = time.perf_counter()
+            target.decode_jobs(jobs, shapes)
+            best = min(best, time.perf_counter() - began)
+            for job in jobs:
+                target.remove(job.seq_id, PROBE_CONTEXT)
+        return best
+
+    one, every = timed(rounds[:1]), timed(rounds)
+    per_row = (every - one) / (round_rows * (target.n_seq - 1))
+    if per_row <= 0:
+        return float(round_rows * target.n_seq)  # rows cost nothing measurable: fill
+    return max(0.0, (one - per_row * round_rows) / per_row)
+
+
+def _prompt_chunking(target: ProbeTarget, shapes: PassShapes, chunk: int) -> float:
+    """The largest logit difference for a prompt's next token between the prompt
+    evaluated in chunks of `chunk` tokens from its start and cut elsewhere. The cuts fall
+    off any power-of-two grid: kernels that work in tiles of rows agree with themselves
+    when cuts fall on tiles."""
+    limit = min(chunk, PROBE_PROMPT) + 1
+    ids = target.tokenize(PROBE_TEXT * 8, add_special=True)[:limit]
+    *prompt, last = ids
+    n = len(prompt)
+    odd = min(37, n // 2) | 1
+    rows = []
+    for first in (n, odd, n - 1):
+        target.remove(0, -1)
+        target.evaluate_prompt(0, prompt[:first], 0, chunk, shapes)
+        target.evaluate_prompt(0, prompt[first:], first, chunk, shapes)
+        rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
+    return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])

@@ -1,0 +1,55 @@
+"""The engine's units of work: a prompt being evaluated and a round being verified (each
+begun, and either finished or undone), and the rows one of them puts into a pass."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from server.verifier.sessions import Session
+
+
+@dataclass(eq=False)
+class PrefillWork:
+    session: Session
+    to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
+    evaluated: int = 0  # starts at `reused`: those tokens' cells were already there
+    reused: int = 0  # taken from a cached prefix of the same API key
+    closed: bool = False  # finished or undone: nothing of it is left to run
+
+    @property
+    def remaining(self) -> int:
+        return len(self.to_evaluate) - self.evaluated
+
+
+@dataclass(eq=False)
+class VerifyWork:
+    session: Session
+    draft_tokens: list[int]
+    draft_probs: list[np.ndarray] | None
+    start: int  # position of the pending token
+    round_key: tuple
+    began: float = field(default_factory=time.perf_counter)
+    closed: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the round decodes: the pending token, then the draft (k + 1 rows)."""
+        return [self.session.tokens[-1], *self.draft_tokens]
+
+
+Work = PrefillWork | VerifyWork
+
+
+@dataclass(frozen=True, slots=True)
+class JobRows:
+    """A job's rows in a pass: `tokens` of sequence `seq_id` from position `start`, with
+    their logits (a round) or without (a prompt chunk)."""
+
+    seq_id: int
+    start: int
+    tokens: Sequence[int]
+    logits: bool

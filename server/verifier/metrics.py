@@ -1,0 +1,241 @@
+"""Prometheus metrics of the verifier (served as text at GET /metrics)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from server.verifier.paths import route_path
+
+
+class VerifierMetrics:
+    def __init__(self, max_sessions: int = 8, max_draft: int = 16) -> None:
+        # One registry per app, so several apps (tests) never share counters.
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "verifier_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.requests_in_progress = Gauge(
+            "verifier_requests_in_progress",
+            "HTTP requests received and not yet answered",
+            registry=r,
+        )
+        self.active_sessions = Gauge(
+            "verifier_active_sessions", "sessions holding a KV sequence", registry=r
+        )
+        self.evicted_sessions = Counter(
+            "verifier_evicted_sessions",
+            "sessions evicted (least recently used) to make room for a new one",
+            registry=r,
+        )
+        self.prompt_tokens_evaluated = Counter(
+            "verifier_prompt_tokens_evaluated",
+            "prompt tokens evaluated by /prefill (the last one of each prompt is evaluated "
+            "with the session's first round)",
+            registry=r,
+        )
+        self.prompt_tokens_reused = Counter(
+            "verifier_prompt_tokens_reused",
+            "prompt tokens taken from a cached prefix instead of being evaluated",
+            registry=r,
+        )
+        self.replayed_rounds = Counter(
+            "verifier_replayed_rounds",
+            "/verify requests that repeated the session's last round (a retry, a duplicate) "
+            "and got its recorded answer",
+            registry=r,
+        )
+        self.expired_sessions = Counter(
+            "verifier_expired_sessions", "sessions ended by the idle TTL", registry=r
+        )
+        self.rejected_full = Counter(
+            "verifier_rejected_full",
+            "requests refused with 503 because the queue was full",
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "verifier_queue_depth", "requests waiting for or in the current batch", registry=r
+        )
+        self.drafted_tokens = Counter(
+            "verifier_drafted_tokens", "draft tokens received by /verify", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "verifier_accepted_tokens", "draft tokens accepted by /verify", registry=r
+        )
+        self.drafted_by_position = Counter(
+            "verifier_drafted_by_position",
+            "draft tokens received, by position in the draft",
+            ["position"],
+            registry=r,
+        )
+        self.accepted_by_position = Counter(
+            "verifier_accepted_by_position",
+            "draft tokens accepted, by position in the draft",
+            ["position"],
+            registry=r,
+        )
+        self.decoded_tokens = Counter(
+            "verifier_decoded_tokens",
+            "rows of jobs evaluated by llama_decode (prompt tokens, rounds' tokens)",
+            registry=r,
+        )
+        # The names llama.cpp's server and vLLM use (`llamacpp:` and `vllm:` there), so
+        # dashboards made for them read these; positions from 0, as theirs.
+        self.spec_drafts = Counter(
+            "verifier:spec_decode_num_drafts", "rounds that carried a draft", registry=r
+        )
+        self.spec_draft_tokens = Counter(
+            "verifier:spec_decode_num_draft_tokens", "draft tokens received", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            "verifier:spec_decode_num_accepted_tokens", "draft tokens accepted", registry=r
+        )
+        self.spec_accepted_per_pos = Counter(
+            "verifier:spec_decode_num_accepted_tokens_per_pos",
+            "draft tokens accepted at each position of a draft",
+            ["position"],
+            registry=r,
+        )
+        self.decodes = Counter(
+            "verifier_decodes",
+            "llama_decode calls, by what they carried (rounds, or a prompt chunk)",
+            ["kind"],
+            registry=r,
+        )
+        self.forward_passes = Counter(
+            "verifier_forward_passes",
+            "forward passes of the model (llama.cpp's micro-batches): each reads every "
+            "weight once; passes / decodes above 1 means a decode was split",
+            ["kind"],
+            registry=r,
+        )
+        self.pass_sessions = Histogram(
+            "verifier_pass_sessions",
+            "sessions with rows in one llama_decode of rounds",
+            buckets=[float(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)],
+            registry=r,
+        )
+        self.pass_rows = Histogram(
+            "verifier_pass_rows",
+            "rows in one llama_decode, padding and filler rows included",
+            ["kind"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.shaping_rows = Counter(
+            "verifier_shaping_rows",
+            "rows decoded only to give a pass its shape (padding after a round, filler rows "
+            "of sequences in between), removed after the pass",
+            ["kind"],
+            registry=r,
+        )
+        self.decode_seconds = Histogram(
+            "verifier_decode_seconds",
+            "wall time of one llama_decode, by what it carried (rounds, or a prompt chunk)",
+            ["kind"],
+            buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
+            registry=r,
+        )
+        self.busy_seconds = Counter(
+            "verifier_busy_seconds",
+            "wall time with at least one model request in flight (the denominator of "
+            "efficiency = decode seconds / busy seconds)",
+            registry=r,
+        )
+        self.inline_rounds = Counter(
+            "verifier_inline_rounds",
+            "verify rounds decoded on the event loop because the engine was idle",
+            registry=r,
+        )
+        # Children resolved once: labels() per position per round costs a lock and a
+        # lookup each, on the way to the round's answer.
+        positions = range(1, max_draft + 1)
+        self._drafted_at = [self.drafted_by_position.labels(str(p)) for p in positions]
+        self._accepted_at = [self.accepted_by_position.labels(str(p)) for p in positions]
+        self._spec_accepted_at = [self.spec_accepted_per_pos.labels(str(p - 1)) for p in positions]
+        self._inflight = 0
+        self._busy_since = 0.0
+        self._lock = threading.Lock()
+
+    def observe_pass(self, record) -> None:
+        """One llama_decode (server.verifier.engine.PassRecord)."""
+        self.decodes.labels(record.kind).inc()
+        self.forward_passes.labels(record.kind).inc(record.forward_passes)
+        if record.kind == "rounds":
+            self.pass_sessions.observe(record.sessions)
+        self.pass_rows.labels(record.kind).observe(record.rows)
+        self.shaping_rows.labels(record.kind).inc(record.rows - record.real_rows)
+        self.decode_seconds.labels(record.kind).observe(record.seconds)
+        self.decoded_tokens.inc(record.real_rows)
+
+    def observe_round(self, drafted: int, accepted: int) -> None:
+        self.drafted_tokens.inc(drafted)
+        self.accepted_tokens.inc(accepted)
+        for counter in self._drafted_at[:drafted]:
+            counter.inc()
+        for counter in self._accepted_at[:accepted]:
+            counter.inc()
+        if drafted:
+            self.spec_drafts.inc()
+            self.spec_draft_tokens.inc(drafted)
+            self.spec_accepted_tokens.inc(accepted)
+            for counter in self._spec_accepted_at[:accepted]:
+                counter.inc()
+
+    def request_started(self) -> None:
+        with self._lock:
+            if self._inflight == 0:
+                self._busy_since = time.perf_counter()
+            self._inflight += 1
+
+    def request_ended(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self.busy_seconds.inc(time.perf_counter() - self._busy_since)
+
+
+MODEL_PATHS = frozenset({"/prefill", "/verify", "/generate"})
+
+
+class RequestMetricsMiddleware:
+    """Pure ASGI: counts requests by route and status, and keeps the busy clock running
+    while model work is in flight. (Starlette's BaseHTTPMiddleware would add a task
+    group and a memory stream to every request, on the path of every round.)"""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        state = getattr(scope.get("app"), "state", None)
+        metrics: VerifierMetrics | None = getattr(getattr(state, "verifier", None), "metrics", None)
+        if scope["type"] != "http" or metrics is None:
+            return await self.app(scope, receive, send)
+        path = route_path(scope)
+        model_work = path in MODEL_PATHS or path.startswith("/sessions/")
+        status = 499  # nothing answered: the client went away first (nginx's 499)
+
+        async def send_and_record(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if model_work:
+            metrics.request_started()
+        metrics.requests_in_progress.inc()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            metrics.requests_in_progress.dec()
+            if model_work:
+                metrics.request_ended()
+            # The router records the matched route in the scope: label by the path
+            # template, so session ids never become label values.
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            metrics.requests.labels(route, str(status)).inc()

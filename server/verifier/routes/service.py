@@ -1,0 +1,62 @@
+"""Health, model facts, the vocabulary file and metrics."""
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.shared.protocol import HealthResponse, InfoResponse
+from server.verifier.state import SchedulerDep, StateDep
+from server.verifier.vocab_file import vocab_only_gguf
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+async def health(state: StateDep) -> JSONResponse:
+    # Never waits for the engine: it answers while a long prefill runs (at most a lone
+    # round decoded inline, see server/scheduler.py, holds it up).
+    if state.scheduler is not None:
+        return JSONResponse(HealthResponse(status="ok").model_dump(exclude_none=True))
+    body = (
+        HealthResponse(status="error", detail=state.load_error)
+        if state.load_error
+        else HealthResponse(status="loading")
+    )
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
+
+
+@router.get("/info", response_model=InfoResponse)
+async def info(scheduler: SchedulerDep) -> InfoResponse:
+    return scheduler.engine.info()
+
+
+@router.get(
+    "/vocab",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, 304: {}},
+)
+async def vocab(request: Request, state: StateDep, scheduler: SchedulerDep) -> Response:
+    """The verifier's vocabulary as a GGUF file without tensors (llama.cpp loads it with
+    `vocab_only`): tokenizer, chat template, special tokens. Its ETag is the vocabulary
+    hash of /info, so a drafter keeps one copy per vocabulary."""
+    engine = scheduler.engine
+    etag = f'"{engine.vocab.hash}"'
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=0, must-revalidate"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    async with state.vocab_file_lock:
+        if state.vocab_file is None:
+            # Reading the model's metadata takes a while: off the event loop, once.
+            state.vocab_file = await asyncio.to_thread(vocab_only_gguf, engine.runtime.model_path)
+    stem = engine.runtime.model_path.stem
+    headers["Content-Disposition"] = f'attachment; filename="{stem}.vocab.gguf"'
+    return Response(state.vocab_file, media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(state: StateDep) -> Response:
+    if state.engine is not None:
+        state.metrics.active_sessions.set(state.engine.session_count)
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

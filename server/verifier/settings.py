@@ -1,0 +1,110 @@
+"""Every verifier setting, read once from `VERIFIER_*` environment variables."""
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server.shared.defaults import DEFAULT_VERIFIER_MODEL
+
+
+class VerifierSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VERIFIER_", extra="ignore")
+
+    model_path: Path = Field(DEFAULT_VERIFIER_MODEL, description="GGUF file of the target model")
+    n_ctx: int = Field(2048, ge=16, description="context length of each session, in tokens")
+    n_gpu_layers: int = Field(
+        0, ge=-1, description="layers offloaded to the GPU (-1 = all); 0 on a CPU-only build"
+    )
+    n_threads: int = Field(
+        0, ge=0, description="CPU threads for decoding (0 = the cores this process may use)"
+    )
+    n_batch: int = Field(512, ge=16, description="largest number of tokens in one llama_decode")
+    max_sessions: int = Field(8, ge=1, le=256, description="sessions held at once (KV sequences)")
+    max_draft: int = Field(16, ge=0, le=256, description="longest draft accepted by /verify")
+    session_ttl_s: float = Field(
+        600.0, gt=0, description="idle sessions are ended after this many seconds"
+    )
+    prefix_ttl_s: float = Field(
+        600.0, gt=0, description="cached prefixes are dropped after this many seconds"
+    )
+    key_share: int = Field(
+        0,
+        ge=0,
+        description="sequences (sessions, cached prefixes, prompts) one API key holds before "
+        "it gives up its own to get more when none is free; 0 = max_sessions divided among "
+        "the keys holding any",
+    )
+    inline_rounds: bool = Field(
+        True,
+        description="decode a lone verify round on the event loop when the engine is idle "
+        "(saves two thread switches a round; the loop waits for that one decode)",
+    )
+    pin_shapes: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="pinned pass shapes, every pass every session at pin_width rows, for "
+        "builds whose kernels change with the row count (GPUs): auto = when the startup "
+        "probe finds free shapes inexact and pinned ones exact",
+    )
+    pin_width: int = Field(
+        0, ge=0, le=1024, description="rows per session in a pinned pass; 0 = max_draft + 1"
+    )
+    pass_cost_rows: float = Field(
+        0.0,
+        ge=0.0,
+        description="what one forward pass costs, in rows: the planner pads and fills up to "
+        "this many rows to save a pass; 0 = measured by the startup probe",
+    )
+    prefix_cache: bool = Field(
+        True,
+        description="keep an ended session's KV sequence as a prefix for the same API key's "
+        "next prompt (only on a batch-invariant build: reuse must not change output)",
+    )
+    prompt_chunk: int = Field(
+        0,
+        ge=0,
+        description="a prompt's tokens per decode; 0 = n_batch, or with prefix_cache on, the "
+        "longest length the startup probe finds exact (short chunks: slower cold prompts, "
+        "prompt reuse on where long ones would change the numbers)",
+    )
+    prefix_cache_min_tokens: int = Field(
+        16, ge=1, description="shortest common prefix worth reusing, in tokens"
+    )
+    max_queue: int = Field(
+        64, ge=1, description="requests waiting at most; beyond it new work gets 503"
+    )
+    max_generate_tokens: int = Field(
+        2048, ge=1, description="upper bound on max_tokens for /generate"
+    )
+    api_keys: str = Field(
+        "", description="comma-separated API keys; empty (and no key file) = no auth"
+    )
+    api_key_file: Path | None = Field(None, description="file with one API key per line")
+    admin_api_keys: str = Field(
+        "",
+        description="comma-separated keys that may also read /metrics, which other keys "
+        "may not when API keys are on (metrics describe every key's traffic)",
+    )
+    max_body_bytes: int = Field(
+        4 << 20, ge=1024, description="largest request body; larger gets 413"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="a request body must arrive within this; slower gets 408"
+    )
+    # Batched and one-at-a-time decoding agree bit for bit only with flash attention on
+    # (docs/numerics.md); turning it off breaks greedy losslessness.
+    flash_attn: bool = Field(True, description="use flash attention (needed for exactness)")
+    listen_after_load: bool = Field(
+        False,
+        description="load the model before accepting connections (a failed load exits): "
+        "behind a balancer that checks replicas only by their connections (open-source "
+        "nginx), a loading replica is then passed over instead of answering 503",
+    )
+    verbose: bool = Field(False, description="print llama.cpp's own log to stderr")
+
+
+@lru_cache
+def get_settings() -> VerifierSettings:
+    return VerifierSettings()

@@ -1,0 +1,262 @@
+"""One key cannot disturb another: not by taking its sequences, not by filling the queue,
+not by a long prompt (fake runtime, cycles driven by hand: orders, never timings)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from server.shared.protocol import PrefillRequest, VerifyRequest
+from server.verifier.engine import Engine
+from server.verifier.errors import ServerFull
+from server.verifier.metrics import VerifierMetrics
+from server.verifier.scheduler import BatchScheduler
+from tests.fixtures.fake_runtime import FakeRuntime
+from tests.unit.test_engine_races import assert_consistent
+
+MAX_DRAFT = 4
+
+
+def build(max_sessions: int = 4, max_queue: int = 64, prompt_chunk: int = 0, **engine):
+    runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=256, n_ctx_per_seq=512)
+    engine = Engine(
+        runtime,
+        max_draft=MAX_DRAFT,
+        prefix_cache_min_tokens=4,
+        prompt_chunk=prompt_chunk,
+        **engine,
+    )
+    scheduler = BatchScheduler(
+        engine,
+        VerifierMetrics(max_sessions, MAX_DRAFT),
+        max_queue=max_queue,
+        session_ttl_s=600,
+        inline_rounds=False,
+        start=False,
+    )
+    return runtime, engine, scheduler
+
+
+async def answers_cross() -> None:
+    """An answer set on the engine's side reaches its awaiting task in a few steps of the
+    event loop (a thread-safe future, shielded)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def opened(scheduler, prompt: str, owner: str) -> dict:
+    task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), owner))
+    await asyncio.sleep(0)
+    while not task.done():
+        scheduler.run_pass()
+        await answers_cross()
+    response = task.result()
+    return {"id": response.session_id, "ids": response.prompt_ids, "n_past": response.total_tokens}
+
+
+async def one_round(scheduler, session: dict, owner: str) -> list[int]:
+    task = asyncio.ensure_future(
+        scheduler.verify(VerifyRequest(session_id=session["id"], n_past=session["n_past"]), owner)
+    )
+    await asyncio.sleep(0)
+    while not task.done():
+        scheduler.run_pass()
+        await answers_cross()
+    session["n_past"] = task.result().total_tokens
+    return task.result().tokens
+
+
+def test_a_key_opening_sessions_by_the_dozen_takes_only_from_itself():
+    runtime, engine, scheduler = build(max_sessions=4)
+
+    async def scenario():
+        alice = await opened(scheduler, "alice's one session", "alice")
+        for i in range(12):
+            await opened(scheduler, f"mallory's session number {i}", "mallory")
+        assert_consistent(runtime, engine)
+        assert engine.session(alice["id"], "alice")  # still there
+        assert engine.sessions.held() == {"alice": 1, "mallory": 3}
+        expected = runtime.reference_greedy(alice["ids"], 1)
+        assert await one_round(scheduler, alice, "alice") == expected
+
+    asyncio.run(scenario())
+
+
+def test_a_keys_cached_prefix_within_its_share_outlives_another_keys_flood():
+    runtime, engine, scheduler = build(max_sessions=4)
+
+    async def scenario():
+        alice = await opened(scheduler, "a long conversation of alice's, kept for later", "alice")
+        await one_round(scheduler, alice, "alice")
+        engine.delete_session(alice["id"], "alice")
+        for i in range(8):
+            await opened(scheduler, f"mallory floods the table {i}", "mallory")
+        assert [p.owner for p in engine.sessions.cached_prefixes.values()] == ["alice"]
+        prompt = "a long conversation of alice's, kept for later"
+        task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), "alice"))
+        await asyncio.sleep(0)
+        while not task.done():
+            scheduler.run_pass()
+            await answers_cross()
+        assert task.result().cached_tokens == task.result().prompt_len - 1  # all reused
+        assert_consistent(runtime, engine)
+
+    asyncio.run(scenario())
+
+
+def test_a_key_within_its_share_takes_from_the_key_over_it():
+    runtime, engine, scheduler = build(max_sessions=4)
+
+    async def scenario():
+        mallory = [await opened(scheduler, f"mallory {i}", "mallory") for i in range(3)]
+        alice = await opened(scheduler, "alice first", "alice")
+        # Full: alice (1 of an equal share of 2) takes mallory's least recently used.
+        await opened(scheduler, "alice second", "alice")
+        assert engine.sessions.held() == {"alice": 2, "mallory": 2}
+        assert [s.session_id for s in engine.sessions.sessions() if s.owner == "mallory"] == [
+            m["id"] for m in mallory[1:]
+        ]
+        assert engine.session(alice["id"], "alice")
+        assert_consistent(runtime, engine)
+
+    asyncio.run(scenario())
+
+
+def test_a_fixed_share_binds_only_when_no_sequence_is_free():
+    runtime, engine, scheduler = build(max_sessions=4, key_share=1)
+
+    async def scenario():
+        first = [await opened(scheduler, f"mallory {i}", "mallory") for i in range(4)]
+        assert engine.sessions.held() == {"mallory": 4}  # free ones were there to take
+        await opened(scheduler, "alice", "alice")
+        assert engine.sessions.held() == {"alice": 1, "mallory": 3}
+        # Both over a share of one now: the key furthest over gives first.
+        await opened(scheduler, "alice again", "alice")
+        assert engine.sessions.held() == {"alice": 2, "mallory": 2}
+        await opened(scheduler, "alice a third time", "alice")  # as far over: her own
+        assert engine.sessions.held() == {"alice": 2, "mallory": 2}
+        assert engine.session(first[-1]["id"], "mallory")
+        assert_consistent(runtime, engine)
+
+    asyncio.run(scenario())
+
+
+def test_cached_prefixes_expire_after_their_ttl():
+    runtime, engine, _ = build()
+    work = engine.begin_prefill(PrefillRequest(prompt="a prefix worth keeping"), owner="a")
+    while not work.closed:
+        engine.run([], [work])
+    engine.delete_session(work.session.session_id, "a")
+    assert len(engine.sessions.cached_prefixes) == 1
+    assert engine.expire_idle(600.0, 600.0) == [] and len(engine.sessions.cached_prefixes) == 1
+    engine.expire_idle(600.0, -1.0)
+    assert engine.sessions.cached_prefixes == {}
+    assert_consistent(runtime, engine)
+
+
+def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
+    runtime, engine, scheduler = build(max_sessions=4, max_queue=8)
+
+    async def scenario():
+        alice = await opened(scheduler, "alice's session", "alice")
+        flood = [
+            asyncio.ensure_future(
+                scheduler.prefill(PrefillRequest(prompt=f"flood {i}"), "mallory")
+            )
+            for i in range(8)
+        ]
+        await asyncio.sleep(0)
+        refused = [task for task in flood if task.done()]
+        assert len(refused) == 4 and all(isinstance(t.exception(), ServerFull) for t in refused)
+        assert scheduler.queue_depth == 4  # half the queue: mallory's part while others wait
+        tokens = await one_round(scheduler, alice, "alice")  # admitted, and answered
+        assert tokens == runtime.reference_greedy(alice["ids"], 1)
+        while not all(task.done() for task in flood):
+            scheduler.run_pass()
+            await answers_cross()
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_round_waits_at_most_one_chunk_of_another_keys_long_prompt():
+    runtime, engine, scheduler = build(max_sessions=4, prompt_chunk=16)
+
+    async def scenario():
+        alice = await opened(scheduler, "alice decodes steadily", "alice")
+        alice_seq = engine.session(alice["id"]).seq_id
+        long_prompt = asyncio.ensure_future(
+            scheduler.prefill(PrefillRequest(prompt="x" * 200), "mallory")
+        )
+        await asyncio.sleep(0)
+        expected = runtime.reference_greedy(alice["ids"], 8)
+        out: list[int] = []
+        for _ in range(8):
+            task = asyncio.ensure_future(
+                scheduler.verify(
+                    VerifyRequest(session_id=alice["id"], n_past=alice["n_past"]), "alice"
+                )
+            )
+            await asyncio.sleep(0)
+            first = len(runtime.decodes)
+            scheduler.run_pass()  # one cycle: alice's round, then one chunk of the prompt
+            await answers_cross()
+            assert task.done()  # answered in the very cycle it was queued in
+            decoded = [{e.seq_id for e in d} for d in runtime.decodes[first:]]
+            assert decoded[0] == {alice_seq} and len(decoded) == 2  # the round, one chunk
+            out += task.result().tokens
+            alice["n_past"] = task.result().total_tokens
+        assert out == expected
+        assert not long_prompt.done()  # 200 tokens: more chunks than alice's 8 cycles
+        while not long_prompt.done():
+            scheduler.run_pass()
+            await answers_cross()
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_two_keys_long_prompts_take_turns_chunk_by_chunk():
+    runtime, engine, scheduler = build(max_sessions=4, prompt_chunk=16)
+
+    async def scenario():
+        owners = ["mallory", "mallory", "alice"]  # mallory queued two prompts, then alice
+        first = len(runtime.decodes)
+        tasks = [
+            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=c * 80), owner))
+            for c, owner in zip("abc", owners, strict=True)
+        ]
+        await asyncio.sleep(0)
+        while not all(task.done() for task in tasks):
+            scheduler.run_pass()
+            await answers_cross()
+        owner_of = {s.seq_id: s.owner for s in engine.sessions.sessions()}
+        order = [owner_of[d[0].seq_id] for d in runtime.decodes[first:]]
+        # 80 tokens: five chunks each. By key in turn, alice's five come first of every
+        # two, ahead of mallory's second prompt.
+        assert len(order) == 15
+        assert order[:10] == ["mallory", "alice"] * 5
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_hundred_rounds_of_one_key_do_not_hold_up_another_keys_one():
+    runtime, engine, scheduler = build(max_sessions=16)
+
+    async def scenario():
+        sessions = [await opened(scheduler, f"mallory {i}", "mallory") for i in range(15)]
+        alice = await opened(scheduler, "alice", "alice")
+        tasks = [
+            asyncio.ensure_future(
+                scheduler.verify(VerifyRequest(session_id=s["id"], n_past=s["n_past"]), owner)
+            )
+            for s, owner in [*((s, "mallory") for s in sessions), (alice, "alice")]
+        ]
+        await asyncio.sleep(0)
+        scheduler.run_pass()
+        await answers_cross()
+        assert all(task.done() for task in tasks)  # every round of every key: one cycle
+        assert tasks[-1].result().tokens == runtime.reference_greedy(alice["ids"], 1)
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
