@@ -25,9 +25,9 @@ import httpx
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from scripts.harness.load import PROMPTS
 from scripts.harness.metrics import Metrics
 from scripts.harness.replicas import LocalReplicas
-from scripts.harness.load import PROMPTS
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
 from server.shared.protocol import PrefillRequest
 from server.verifier.settings import VerifierSettings

@@ -24,7 +24,11 @@ PROMPT = "The three primary colours are"
 @pytest.fixture(scope="module")
 def pinned_verifier(verifier_model):
     verifier = start_verifier(
-        verifier_model, pin_shapes="on", pin_width=PIN_WIDTH, max_sessions=2, max_draft=4,
+        verifier_model,
+        pin_shapes="on",
+        pin_width=PIN_WIDTH,
+        max_sessions=2,
+        max_draft=4,
         n_ctx=256,
     )
     yield verifier

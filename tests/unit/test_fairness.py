@@ -159,9 +159,7 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
     async def scenario():
         alice = await opened(scheduler, "alice's session", "alice")
         flood = [
-            asyncio.ensure_future(
-                scheduler.prefill(PrefillRequest(prompt=f"flood {i}"), "mallory")
-            )
+            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=f"flood {i}"), "mallory"))
             for i in range(8)
         ]
         await asyncio.sleep(0)

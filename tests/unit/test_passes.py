@@ -46,9 +46,7 @@ def test_rounds_of_neighbouring_sessions_share_one_pass_padded_to_the_widest():
 
 def test_a_small_gap_is_filled_and_a_large_one_splits_as_the_cost_says():
     # One sequence between them: 5 filler rows cost less than a pass of 6.
-    assert plan_passes({0: 5, 2: 5}, max_rows=100, pass_cost_rows=6) == [
-        PassPlan(0, 2, 5, (0, 2))
-    ]
+    assert plan_passes({0: 5, 2: 5}, max_rows=100, pass_cost_rows=6) == [PassPlan(0, 2, 5, (0, 2))]
     # Six between them: 30 filler rows cost more than a pass.
     assert plan_passes({0: 5, 7: 5}, max_rows=100, pass_cost_rows=6) == [
         PassPlan(0, 0, 5, (0,)),

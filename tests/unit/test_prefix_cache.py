@@ -19,13 +19,9 @@ from tests.unit.test_engine_races import assert_consistent
 MIN_REUSE = 4
 
 
-def build(
-    max_sessions: int = 4, pin_shapes: str = "auto", **runtime
-) -> tuple[FakeRuntime, Engine]:
+def build(max_sessions: int = 4, pin_shapes: str = "auto", **runtime) -> tuple[FakeRuntime, Engine]:
     runtime = FakeRuntime(n_seq_max=max_sessions, **runtime)
-    engine = Engine(
-        runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pin_shapes=pin_shapes
-    )
+    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pin_shapes=pin_shapes)
     return runtime, engine
 
 
