@@ -60,6 +60,7 @@ PipelineOpt = Annotated[
     bool | None, _flag("pipeline", "--pipeline/--no-pipeline", default_text="auto")
 ]
 PMinOpt = Annotated[float | None, _flag("p_min")]
+BranchesOpt = Annotated[int | None, _flag("branches")]
 PromptOpt = Annotated[str | None, _flag("prompt")]
 ChatOpt = Annotated[bool | None, _flag("chat", "--chat")]
 SystemOpt = Annotated[str | None, _flag("system")]
@@ -110,6 +111,7 @@ def generate(
     draft_n: DraftNOpt = None,
     drafter: DrafterOpt = None,
     pipeline: PipelineOpt = None,
+    branches: BranchesOpt = None,
     p_min: PMinOpt = None,
     max_tokens: MaxTokensOpt = None,
     chat: ChatOpt = None,
@@ -157,6 +159,7 @@ def serve(
     draft_n: DraftNOpt = None,
     drafter: DrafterOpt = None,
     pipeline: PipelineOpt = None,
+    branches: BranchesOpt = None,
     p_min: PMinOpt = None,
     n_gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,

@@ -1,21 +1,22 @@
-"""How many tokens to draft next round: fixed, or learned from the session's acceptance.
+"""How many tokens to draft next round: fixed, or chosen from what the generation has
+measured so far.
 
-The adaptive rule is HF transformers' "heuristic" schedule (AssistedCandidateGenerator):
-every draft accepted whole earns two more tokens next round, any rejection costs one.
-Measured here against confidence cut-offs (llama.cpp's p_min, fixed at 0.5 and 0.75, and
-one whose threshold followed the session's measured costs): on this project's CPU pair
-the schedule held up best across network delays; see the README's Performance section.
+`LinkAwareLength` is what `auto` means for a draft model: a cost model of the round (the
+acceptance, the verifier's time against its rows, the link's time, the drafting time,
+and how often the next draft was ready when an answer came), so that one default drafts
+short next to the verifier and long over a slow link.
 
 Prompt lookup drafts cost nothing to make and are all or nothing: a copied span runs on
 for dozens of tokens, then breaks off. `DoublingLength` follows that: it doubles after a
 whole draft was accepted and falls to one past what was accepted after a rejection. It is
-what `auto` means for the n-gram drafter (measured in the README against HF's schedule).
-Pure: no model, no clock.
+what `auto` means for the n-gram drafter.
+
+Pure: no model, no clock (the loop passes the times it measured).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -34,18 +35,17 @@ class FixedLength:
 
 
 @dataclass
-class _LearnedLength:
-    """A k within [minimum, maximum], starting at `start`, moved by each round's outcome."""
+class DoublingLength:
+    """x2 after a round whose whole draft was accepted; after a rejection, the accepted
+    prefix plus one; within [minimum, maximum]."""
 
     maximum: int
     start: int = 4
     minimum: int = 1
 
-    lowest_minimum = 0  # the smallest `minimum` the schedule can work with
-
     def __post_init__(self) -> None:
-        if not self.lowest_minimum <= self.minimum <= self.maximum:
-            raise ValueError(f"need {self.lowest_minimum} <= minimum <= maximum")
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError("need 1 <= minimum <= maximum")
         self.k = min(max(self.start, self.minimum), self.maximum)
 
     def next(self) -> int:
@@ -54,10 +54,8 @@ class _LearnedLength:
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
         if drafted == 0:
             return  # no draft (no match, or a round cut short): nothing learned
-        self.k = min(max(self._after(drafted, accepted_prefix_len), self.minimum), self.maximum)
-
-    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
-        raise NotImplementedError
+        after = 2 * self.k if accepted_prefix_len == drafted else accepted_prefix_len + 1
+        self.k = min(max(after, self.minimum), self.maximum)
 
     @property
     def label(self) -> str:
@@ -65,29 +63,94 @@ class _LearnedLength:
 
 
 @dataclass
-class AdaptiveLength(_LearnedLength):
-    """+2 after a round whose whole draft was accepted, -1 after a rejection."""
+class RoundTiming:
+    """What one round cost, as the loop measured it."""
 
-    grow: int = 2
-    shrink: int = 1
-
-    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
-        if accepted_prefix_len == drafted:
-            return self.k + self.grow
-        return self.k - self.shrink
+    rows: int  # the verifier's rows for it (k + 1)
+    verifier_s: float  # the verifier's own time for it (engine_ms)
+    round_trip_s: float  # sent to answered, as the drafter saw it
+    draft_s: float  # drafting done before it could be sent (the critical path)
+    drafted_ahead: bool  # its draft was ready when the previous answer came
 
 
 @dataclass
-class DoublingLength(_LearnedLength):
-    """x2 after a round whose whole draft was accepted; after a rejection, the accepted
-    prefix plus one."""
+class LinkAwareLength:
+    """The k with the most tokens per second expected from what this generation measured:
+    per-token acceptance a (each round: accepted tokens and at most one rejection,
+    counted with geometric weights so recent rounds count more), the verifier's time per
+    round against its rows (a line fitted to the rounds so far), the link's time (round
+    trip less the verifier's), the drafting time per token, and how often the next draft
+    was ready when an answer came (speculation, drafter/speculation.py). A round of k is
+    expected to commit (1 - a^(k+1)) / (1 - a) tokens in link + verifier(k + 1) +
+    (1 - ready) * k * draft time. On a slow link that favours long drafts; next to the
+    verifier, short ones (Leviathan et al., section 3.3, with the link added)."""
 
-    lowest_minimum = 1
+    maximum: int
+    start: int = 4
+    minimum: int = 1
+    decay: float = 0.9
+    k: int = 0
+    _accepted: float = 3.0  # a weak prior: a = 0.75
+    _rejected: float = 1.0
+    _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
+    _link_s: float | None = None
+    _draft_s: float | None = None
+    _ready: float = 0.0
 
-    def _after(self, drafted: int, accepted_prefix_len: int) -> int:
-        if accepted_prefix_len == drafted:
-            return 2 * self.k
-        return accepted_prefix_len + 1
+    def __post_init__(self) -> None:
+        self.k = min(max(self.start, self.minimum), self.maximum)
+
+    @property
+    def label(self) -> str:
+        return "auto"
+
+    def next(self) -> int:
+        return self.k
+
+    def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        if drafted == 0:
+            return
+        self._accepted = self.decay * self._accepted + accepted_prefix_len
+        self._rejected = self.decay * self._rejected + (accepted_prefix_len < drafted)
+
+    def observe(self, timing: RoundTiming) -> None:
+        d = self.decay
+        n, x, y, xx, xy = self._fit
+        r, v = timing.rows, timing.verifier_s
+        self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
+        link = max(0.0, timing.round_trip_s - v)
+        self._link_s = link if self._link_s is None else d * self._link_s + (1 - d) * link
+        if timing.rows > 1 and not timing.drafted_ahead:
+            per_token = timing.draft_s / (timing.rows - 1)
+            self._draft_s = (
+                per_token if self._draft_s is None else (d * self._draft_s + (1 - d) * per_token)
+            )
+        self._ready = d * self._ready + (1 - d) * timing.drafted_ahead
+        self.k = self._best()
+
+    @property
+    def acceptance(self) -> float:
+        return self._accepted / (self._accepted + self._rejected)
+
+    def verifier_s(self, rows: int) -> float:
+        n, x, y, xx, xy = self._fit
+        if n == 0:
+            return 0.0
+        spread = n * xx - x * x
+        if spread < 1e-9:  # one row count so far: the time grows with rows as on a CPU
+            return y / n * rows / max(x / n, 1.0)
+        slope = max(0.0, (n * xy - x * y) / spread)
+        return max(0.0, (y - slope * x) / n + slope * rows)
+
+    def expected_tokens_per_s(self, k: int) -> float:
+        a = min(self.acceptance, 0.999)
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        seconds = (self._link_s or 0.0) + self.verifier_s(k + 1)
+        seconds += (1 - self._ready) * k * (self._draft_s or 0.0)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def _best(self) -> int:
+        return max(range(self.minimum, self.maximum + 1), key=self.expected_tokens_per_s)
 
 
-DraftLength = FixedLength | AdaptiveLength | DoublingLength
+DraftLength = FixedLength | DoublingLength | LinkAwareLength

@@ -4,11 +4,11 @@ Each round: draft k tokens locally, send them with n_past, commit what the verif
 returns (accepted drafts plus one target token). No printing here: the caller gets one
 `RoundEvent` per round and renders it.
 
-Pipelined, the request goes out on a second thread and the drafter keeps drafting past it
-as if every draft were accepted, its first extra token being its guess of the target's
-token; when the answer agrees, that work is the next draft (the drafter keeps it, see
-drafter/model.py), otherwise it is dropped. What is committed is still only what the
-verifier returned: pipelining changes when drafts are made, never what is accepted.
+Pipelined, the request goes out on a second thread and, while it is out, the drafter
+drafts the next round for the verifier's likeliest answers (drafter/speculation.py); when
+the answer is one of them, the next round goes out at once. What is committed is still
+only what the verifier returned: pipelining changes when drafts are made, never what is
+accepted.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, Protocol
 
-import numpy as np
-
-from drafter.draft_length import DraftLength, FixedLength
+from drafter.candidates import CandidateGenerator, Draft
+from drafter.draft_length import DraftLength, FixedLength, RoundTiming
 from drafter.errors import VerifierRejected
+from drafter.speculation import SpeculationCache
 from drafter.stats import GenerationStats
 from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.shared.sampling import sparse
@@ -42,26 +42,6 @@ def prefer_quick_handoffs() -> None:
     """Set once when a process starts (the CLI, `serve`): hand the GIL over quickly, so a
     round's answer is picked up while the drafter works on the next one."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-
-class Draft(NamedTuple):
-    """What a drafter proposes for one round."""
-
-    tokens: list[int]
-    probs: Sequence[np.ndarray] | None  # q per position (dense), when drafts were sampled
-    reused: int = 0  # leading tokens drafted while the previous round was in flight
-
-
-class CandidateGenerator(Protocol):
-    """Shaped like HF transformers' CandidateGenerator, without its learning hook: what a
-    round's answer teaches (the next k) is the loop's DraftLength."""
-
-    def get_candidates(
-        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
-    ) -> Draft: ...
-
-    # Optional: `warm(prefill)` evaluates the prompt ahead of the first draft; the
-    # pipelined loop calls it while the verifier prefills (see SpeculativeLoop._open).
 
 
 class Verifier(Protocol):
@@ -103,8 +83,11 @@ class SpeculativeLoop:
         draft_n: int | DraftLength,
         n_ctx: int,
         pipeline: bool = False,
+        branches: int = 4,
         vocab: str = "same",
     ):
+        """`pipeline`: draft while rounds are out, for up to `branches` likely answers
+        (1: only every token accepted and the drafter's own guess after them)."""
         if isinstance(draft_n, int):
             if draft_n < 0:
                 raise ValueError("draft_n must be >= 0")
@@ -114,6 +97,7 @@ class SpeculativeLoop:
         self.draft_length = draft_n
         self.n_ctx = n_ctx
         self.pipeline = pipeline
+        self.speculation = SpeculationCache(drafter, branches) if pipeline else None
         self.vocab = vocab
         self.result = SpeculativeResult()
         self._chosen_id: str | None = None
@@ -125,8 +109,7 @@ class SpeculativeLoop:
 
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
-        result = self.result = SpeculativeResult(vocab=self.vocab)
-        stats = result.stats
+        self.result = SpeculativeResult(vocab=self.vocab)
         # Ours to choose (random: ids are one space for every key), so that a balancer
         # can route the session by it, and a recovery re-opens it under the same id (on
         # whichever replica now has it).
@@ -143,87 +126,149 @@ class SpeculativeLoop:
                 # the verifier's idle TTL.
                 sender.shutdown(wait=False, cancel_futures=True)
             raise
-        session_id = opened.session_id
+        session = [opened.session_id]  # a recovery replaces it
         try:
-            stats.prefill_time_s = time.perf_counter() - began
-            result.prompt_ids = list(opened.prompt_ids)
-            result.strategy, result.lossless = opened.strategy, opened.lossless
-            stats.prompt_tokens = opened.prompt_len
-            stats.cached_prompt_tokens = opened.cached_tokens
-            committed = list(opened.prompt_ids)
-            lost_in_a_row = 0
-            while True:
-                remaining = max_tokens - len(result.tokens)
-                if remaining <= 0:
-                    result.finish_reason = "max_tokens"
-                    break
-                room = self.n_ctx - len(committed)  # a round needs committed + k <= n_ctx
-                if room < 0:
-                    result.finish_reason = "context_full"
-                    break
-                # A round commits at most k + 1 tokens: never more than asked for.
-                k = min(self.draft_length.next(), remaining - 1, room)
-                drafting = time.perf_counter()
-                draft = self.drafter.get_candidates(committed, k)
-                stats.draft_time_s += time.perf_counter() - drafting
-                draft_tokens = list(draft.tokens)
-                request = VerifyRequest(
-                    session_id=session_id,
-                    n_past=len(committed),
-                    draft_tokens=draft_tokens,
-                    draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
-                )
-                try:
-                    if sender is None:
-                        verdict, round_trip_s = self._timed_verify(request)
-                    else:
-                        verdict, round_trip_s = self._verify_drafting_ahead(
-                            sender, request, committed, k
-                        )
-                except VerifierRejected as exc:
-                    if exc.error_type == "context_overflow":
-                        result.finish_reason = "context_full"
-                        break
-                    if exc.error_type != "session_not_found":
-                        raise
-                    # Evicted or expired: a new session from every committed token
-                    # continues exactly where this one stopped.
-                    lost_in_a_row += 1
-                    if lost_in_a_row > MAX_RECOVERIES_IN_A_ROW:
-                        raise
-                    session_id = self._reopen(prefill, committed)
-                    stats.recoveries += 1
-                    continue
-                lost_in_a_row = 0
-                committed.extend(verdict.tokens)
-                result.tokens.extend(verdict.tokens)
-                stats.rounds += 1
-                stats.drafted += len(draft_tokens)
-                stats.accepted += verdict.accepted_prefix_len
-                stats.rejected_rounds += verdict.accepted_prefix_len < len(draft_tokens)
-                stats.reused_drafts += draft.reused
-                by_len = stats.rounds_by_draft_len
-                by_len[len(draft_tokens)] = by_len.get(len(draft_tokens), 0) + 1
-                stats.round_trip_s += round_trip_s
-                stats.verifier_time_s += verdict.timings.engine_ms / 1000.0
-                stats.generated_tokens = len(result.tokens)
-                self.draft_length.update(len(draft_tokens), verdict.accepted_prefix_len)
-                yield RoundEvent(
-                    draft_tokens=draft_tokens,
-                    accepted_prefix_len=verdict.accepted_prefix_len,
-                    tokens=list(verdict.tokens),
-                    eos=verdict.eos,
-                )
-                if verdict.eos:
-                    result.finish_reason = "eos"
-                    break
+            self._opened(opened, time.perf_counter() - began)
+            yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
             if sender is not None:
                 sender.shutdown(wait=True)
+            stats = self.result.stats
             stats.total_time_s = time.perf_counter() - began
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0
-            self._close_session(session_id)
+            if self.speculation is not None:
+                stats.add_speculation(self.speculation.counts)
+            self._close_session(session[0])
+
+    def _opened(self, opened: PrefillResponse, prefill_s: float) -> None:
+        result, stats = self.result, self.result.stats
+        result.prompt_ids = list(opened.prompt_ids)
+        result.strategy, result.lossless = opened.strategy, opened.lossless
+        stats.prefill_time_s = prefill_s
+        stats.prompt_tokens = opened.prompt_len
+        stats.cached_prompt_tokens = opened.cached_tokens
+
+    def _rounds(
+        self,
+        prefill: PrefillRequest,
+        session: list[str],
+        sender: ThreadPoolExecutor | None,
+        max_tokens: int,
+    ) -> Iterator[RoundEvent]:
+        result = self.result
+        committed = list(result.prompt_ids)
+        ready: Draft | None = None  # the next round's draft, made while this one was out
+        lost_in_a_row = 0
+        while (k := self._next_k(committed, max_tokens)) is not None:
+            drafting = time.perf_counter()
+            if ready is not None:  # made for this answer; k may have changed since
+                draft = Draft(
+                    ready.tokens[:k],
+                    None if ready.probs is None else ready.probs[:k],
+                    min(k, ready.reused),
+                )
+            else:
+                draft = self.drafter.get_candidates(committed, k)
+            draft_s = time.perf_counter() - drafting
+            result.stats.draft_time_s += draft_s
+            try:
+                verdict, round_trip_s, ready = self._verify(
+                    sender, session[0], committed, draft, max_tokens
+                )
+            except VerifierRejected as exc:
+                ready = None
+                if exc.error_type == "context_overflow":
+                    result.finish_reason = "context_full"
+                    return
+                if exc.error_type != "session_not_found":
+                    raise
+                if lost_in_a_row >= MAX_RECOVERIES_IN_A_ROW:
+                    raise
+                # Evicted or expired: a new session from every committed token continues
+                # exactly where this one stopped.
+                lost_in_a_row += 1
+                session[0] = self._reopen(prefill, committed)
+                result.stats.recoveries += 1
+                continue
+            lost_in_a_row = 0
+            timing = RoundTiming(
+                rows=len(draft.tokens) + 1,
+                verifier_s=verdict.timings.engine_ms / 1000.0,
+                round_trip_s=round_trip_s,
+                draft_s=draft_s,
+                drafted_ahead=draft.reused == len(draft.tokens) > 0,
+            )
+            yield self._commit(committed, draft, verdict, timing)
+            if verdict.eos:
+                result.finish_reason = "eos"
+                return
+
+    def _next_k(self, committed: list[int], max_tokens: int) -> int | None:
+        """The next round's draft length, or None when the generation is over."""
+        result = self.result
+        remaining = max_tokens - len(result.tokens)
+        if remaining <= 0:
+            result.finish_reason = "max_tokens"
+            return None
+        room = self.n_ctx - len(committed)  # a round needs committed + k <= n_ctx
+        if room < 0:
+            result.finish_reason = "context_full"
+            return None
+        # A round commits at most k + 1 tokens: never more than asked for.
+        return min(self.draft_length.next(), remaining - 1, room)
+
+    def _commit(
+        self, committed: list[int], draft: Draft, verdict: VerifyResponse, timing: RoundTiming
+    ) -> RoundEvent:
+        result, stats = self.result, self.result.stats
+        committed.extend(verdict.tokens)
+        result.tokens.extend(verdict.tokens)
+        stats.count_round(len(draft.tokens), verdict.accepted_prefix_len, draft.reused)
+        stats.round_trip_s += timing.round_trip_s
+        stats.verifier_time_s += timing.verifier_s
+        stats.generated_tokens = len(result.tokens)
+        self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
+        observe = getattr(self.draft_length, "observe", None)
+        if observe is not None:
+            observe(timing)
+        return RoundEvent(
+            draft_tokens=list(draft.tokens),
+            accepted_prefix_len=verdict.accepted_prefix_len,
+            tokens=list(verdict.tokens),
+            eos=verdict.eos,
+        )
+
+    def _verify(
+        self,
+        sender: ThreadPoolExecutor | None,
+        session_id: str,
+        committed: list[int],
+        draft: Draft,
+        max_tokens: int,
+    ) -> tuple[VerifyResponse, float, Draft | None]:
+        """The round's answer, its round trip, and the next round's draft if it was made
+        while this one was out (pipelined) for the answer that came."""
+        request = VerifyRequest(
+            session_id=session_id,
+            n_past=len(committed),
+            draft_tokens=list(draft.tokens),
+            draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
+        )
+        if sender is None:
+            return (*self._timed_verify(request), None)
+        in_flight: Future = sender.submit(self._timed_verify, request)
+        k = self.draft_length.next()
+        room = self.n_ctx - len(committed) - len(draft.tokens) - 1
+        if self.speculation is not None and 0 < k < room:
+            self.speculation.prepare(committed, draft.tokens, k, stop=in_flight.done)
+        verdict, round_trip_s = in_flight.result()
+        ready = None
+        left = max_tokens - len(self.result.tokens) - len(verdict.tokens)
+        if self.speculation is not None and not verdict.eos and left > 1:
+            token = verdict.tokens[-1]
+            ready = self.speculation.take(verdict.accepted_prefix_len, token, min(k, left - 1))
+        return verdict, round_trip_s, ready
 
     def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:
         """The verifier's prefill. Pipelined, the drafter evaluates the prompt meanwhile,
@@ -242,17 +287,6 @@ class SpeculativeLoop:
         began = time.perf_counter()
         verdict = self.verifier.verify(request)
         return verdict, time.perf_counter() - began
-
-    def _verify_drafting_ahead(
-        self, sender: ThreadPoolExecutor, request: VerifyRequest, committed: list[int], k: int
-    ) -> tuple[VerifyResponse, float]:
-        """Send the round, and draft the next one while it is out: the guess of the
-        target's token and up to k after it, stopping as soon as the answer is in."""
-        in_flight: Future = sender.submit(self._timed_verify, request)
-        ahead = [*committed, *request.draft_tokens]
-        if len(ahead) + k + 1 < self.n_ctx:
-            self.drafter.get_candidates(ahead, k + 1, stop=in_flight.done)
-        return in_flight.result()
 
     def _prefill(self, request: PrefillRequest) -> PrefillResponse:
         try:

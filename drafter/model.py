@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from drafter.candidates import Draft
 from drafter.draft_context import DraftContext
 from drafter.errors import DraftModelError
-from drafter.loop import Draft
 from server.shared import vocab
 from server.shared.prefix import common_prefix_len
 from server.shared.protocol import PrefillRequest, SamplingParams
@@ -189,6 +189,40 @@ class DraftModel:
             list(zip(draft_tokens, draft_probs, strict=True)),
         )
         return Draft(draft_tokens, draft_probs if sampled else None, reused)
+
+    def likely_answers(
+        self, committed: Sequence[int], draft_tokens: Sequence[int], limit: int
+    ) -> list[tuple[int, int]]:
+        """The verifier's likeliest answers to this draft, most probable first, as this
+        model sees them: (accepted, token) pairs, where the verifier keeps the first
+        `accepted` draft tokens and then `token` (its correction, or after the whole draft
+        its bonus token). The chance of (i, t) is the model's probability of the draft's
+        first i tokens times its probability of t there (t never the draft's own token).
+        Evaluates the draft's last token (for the row after it)."""
+        committed = self._own_ids(committed)
+        self._sync([*committed, *draft_tokens])
+        start = len(committed) - 1
+        scored: list[tuple[float, int, int]] = []
+        reach = 1.0  # the model's probability of the draft so far
+        for i in range(len(draft_tokens) + 1):
+            row = self._logits_at.get(start + i)
+            if row is None:
+                break
+            q = self._distribution(self._within_target(row))
+            drafted = draft_tokens[i] if i < len(draft_tokens) else -1
+            best = [int(t) for t in np.argsort(-q)[:3] if t != drafted][:2]
+            scored += [(reach * float(q[t]), i, t) for t in best]
+            if drafted < 0:
+                break
+            reach *= float(q[drafted])
+        scored.sort(key=lambda item: -item[0])
+        return [(i, t) for _, i, t in scored[:limit]]
+
+    def _distribution(self, logits: np.ndarray) -> np.ndarray:
+        if self.policy.sample_drafts:
+            return probabilities(logits, self.policy.sampling)
+        shifted = np.exp(logits.astype(np.float64) - logits.max())
+        return shifted / shifted.sum()
 
     def warm(self, prefill: PrefillRequest) -> None:
         """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call

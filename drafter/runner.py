@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from drafter.candidates import CandidateGenerator
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
-from drafter.draft_length import AdaptiveLength, DoublingLength, DraftLength, FixedLength
+from drafter.draft_length import DoublingLength, DraftLength, FixedLength, LinkAwareLength
 from drafter.errors import DrafterError
-from drafter.loop import CandidateGenerator, RoundEvent, SpeculativeLoop, SpeculativeResult
+from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithNgram, NgramDrafter
 from drafter.output import BaselineResult
@@ -149,7 +150,7 @@ def draft_length(settings: DrafterSettings, info: InfoResponse) -> DraftLength:
         return FixedLength(settings.draft_n)
     if settings.drafter == DrafterKind.ngram:
         return DoublingLength(maximum=info.max_draft)
-    return AdaptiveLength(maximum=info.max_draft)
+    return LinkAwareLength(maximum=info.max_draft)
 
 
 def speculative_loop(
@@ -166,6 +167,7 @@ def speculative_loop(
         draft_n=draft_length(settings, info),
         n_ctx=info.n_ctx,
         pipeline=settings.use_pipeline,
+        branches=settings.branches,
         vocab=model.vocab_relation,
     )
 

@@ -83,9 +83,11 @@ class DrafterSettings(BaseSettings):
     )
     # -- drafting ----------------------------------------------------------------------
     draft_n: DraftN = Field(
-        4,
-        description="Tokens drafted per round, or 'auto' (the drafter's adaptive schedule, "
-        "see --drafter).",
+        "auto",
+        description="Tokens drafted per round, or 'auto': with the model, the k with the "
+        "most tokens per second expected from this generation's acceptance, verifier "
+        "time, link time and drafting time; with prompt lookup, x2 after a whole draft "
+        "was accepted, else one past what was.",
     )
     drafter: DrafterKind = Field(
         DrafterKind.model,
@@ -94,8 +96,15 @@ class DrafterSettings(BaseSettings):
     )
     pipeline: bool | None = Field(
         None,
-        description="Draft the next round while this one is verified (default: on with a "
-        "model drafter, except for seeded sampling).",
+        description="Draft the next round while this one is out, for its likeliest "
+        "answers (default: on with a model drafter, except for seeded sampling).",
+    )
+    branches: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="Answers drafted for while a round is out, likeliest first, as long "
+        "as the wait lasts (1: only every token accepted and the drafter's guess after).",
     )
     p_min: float = Field(
         0.0,

@@ -26,6 +26,15 @@ class GenerationStats:
     verifier_time_s: float = 0.0  # the verifier's own time for those rounds (engine_ms)
     # How many rounds sent each draft length (k varies: auto, n-gram misses, the end).
     rounds_by_draft_len: dict[int, int] = field(default_factory=dict)
+    # Drafting ahead (drafter/speculation.py): rounds during which it drafted, answers it
+    # drafted for, answers it had drafted for, rounds sent with no drafting at all,
+    # tokens drafted ahead, and of those the ones never sent.
+    speculated_rounds: int = 0
+    speculated_answers: int = 0
+    speculation_hits: int = 0
+    rounds_sent_at_once: int = 0
+    drafted_ahead: int = 0
+    wasted_ahead: int = 0
 
     # The rates below, reported beside the counts.
     DERIVED: ClassVar[tuple[str, ...]] = (
@@ -35,7 +44,36 @@ class GenerationStats:
         "bytes_sent_per_round",
         "bytes_received_per_round",
         "protocol_overhead_ms",
+        "answers_per_round",
+        "speculation_hit_rate",
     )
+
+    def count_round(self, drafted: int, accepted: int, reused: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejected_rounds += accepted < drafted
+        self.reused_drafts += reused
+        self.rounds_by_draft_len[drafted] = self.rounds_by_draft_len.get(drafted, 0) + 1
+
+    def add_speculation(self, counts) -> None:
+        """The speculation cache's counts (drafter.speculation.SpeculationCounts)."""
+        self.speculated_rounds += counts.rounds
+        self.speculated_answers += counts.branches
+        self.speculation_hits += counts.hits
+        self.rounds_sent_at_once += counts.sent_at_once
+        self.drafted_ahead += counts.drafted
+        self.wasted_ahead += counts.drafted - counts.used
+
+    @property
+    def answers_per_round(self) -> float:
+        """Answers drafted for, per round during which the drafter drafted ahead."""
+        return self.speculated_answers / self.speculated_rounds if self.speculated_rounds else 0.0
+
+    @property
+    def speculation_hit_rate(self) -> float:
+        """Rounds whose answer had been drafted for, of the rounds drafted ahead for."""
+        return self.speculation_hits / self.speculated_rounds if self.speculated_rounds else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from drafter.loop import Draft
+from drafter.candidates import Draft
 from drafter.model import DraftModel
 from drafter.text import complete_text
 from server.shared.prefix import common_prefix_len

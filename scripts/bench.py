@@ -68,6 +68,10 @@ SUM_KEYS = (
     "prefill_time_s",
     "bytes_sent",
     "bytes_received",
+    "speculated_rounds",
+    "speculated_answers",
+    "speculation_hits",
+    "rounds_sent_at_once",
 )
 
 
@@ -77,11 +81,17 @@ class Config:
     k: str  # "1".."16" | "auto"
     pipeline: bool
     p_min: float = 0.0
+    branches: int = 1  # answers drafted for while a round is out
 
     @property
     def label(self) -> str:
-        mode = "pipelined" if self.pipeline else "sequential"
-        label = f"{self.drafter} {mode}" if self.drafter == "model" else self.drafter
+        if self.drafter == "model":
+            mode = "sequential"
+            if self.pipeline:
+                mode = "pipelined" if self.branches == 1 else f"speculative ({self.branches})"
+            label = f"model {mode}"
+        else:
+            label = self.drafter
         return label + (f" p_min {self.p_min:g}" if self.p_min else "")
 
 
@@ -170,6 +180,11 @@ def summarize(t: Totals, baseline: Baseline) -> dict[str, float]:
         "expected_tokens_per_s": expected,
         "measured_over_expected": tokens_per_s / expected if expected else 0.0,
         "pipeline_hit_rate": t.reused_drafts / t.drafted if t.drafted else 0.0,
+        "hit_rate": t.speculation_hits / t.speculated_rounds if t.speculated_rounds else 0.0,
+        "answers_per_round": t.speculated_answers / t.speculated_rounds
+        if t.speculated_rounds
+        else 0.0,
+        "sent_at_once": t.rounds_sent_at_once / rounds,
     }
 
 
@@ -209,6 +224,8 @@ def run_drafter(url: str, config: Config, prompt: str, chat: bool, args) -> dict
         "--drafter",
         config.drafter,
         "--pipeline" if config.pipeline else "--no-pipeline",
+        "--branches",
+        str(config.branches),
         "--p-min",
         str(config.p_min),
         "--output",
@@ -264,16 +281,20 @@ def chat_renderer(model_path: Path):
 
 
 def configs_for(ks: list[str], drafters: list[str], p_mins: list[float]) -> list[Config]:
-    """`drafters`: sequential (the model, one round at a time), pipelined, ngram."""
+    """`drafters`: sequential (the model, one round at a time), pipelined (drafting
+    ahead for one answer: every token accepted), speculative (for the likeliest four),
+    ngram (prompt lookup)."""
     kinds = {
-        "sequential": ("model", False),
-        "pipelined": ("model", True),
-        "ngram": ("ngram", False),
+        "sequential": ("model", False, 1),
+        "pipelined": ("model", True, 1),
+        "speculative": ("model", True, 4),
+        "ngram": ("ngram", False, 1),
     }
     return [
-        Config(kinds[d][0], k, kinds[d][1], p_min if kinds[d][0] == "model" else 0.0)
+        Config(kind, k, pipeline, p_min if kind == "model" else 0.0, branches)
         for d in drafters
-        for p_min in (p_mins if kinds[d][0] == "model" else [0.0])
+        for kind, pipeline, branches in [kinds[d]]
+        for p_min in (p_mins if kind == "model" else [0.0])
         for k in ks
     ]
 
@@ -368,8 +389,9 @@ def markdown(results: dict) -> str:
         "",
         "| added RTT ms (measured) | drafter | k | acceptance | tokens/round | tokens/s "
         "| verifier alone tok/s | speedup | decode speedup | bytes/round | overhead ms/round "
+        "| answers drafted for/round | hit rate | sent at once "
         "| expected tok/s | measured/expected | identical |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for delay, block in results["delays"].items():
         for row in block["rows"].values():
@@ -379,7 +401,9 @@ def markdown(results: dict) -> str:
                 f"| {row['tokens_per_s']:.1f} | {block['baseline_tokens_per_s']:.1f} "
                 f"| {row['speedup']:.2f}x | {row.get('decode_speedup', 0):.2f}x "
                 f"| {row['bytes_per_round']:.0f} "
-                f"| {row['overhead_ms']:.2f} | {row['expected_tokens_per_s']:.1f} "
+                f"| {row['overhead_ms']:.2f} | {row.get('answers_per_round', 0):.1f} "
+                f"| {row.get('hit_rate', 0):.2f} | {row.get('sent_at_once', 0):.2f} "
+                f"| {row['expected_tokens_per_s']:.1f} "
                 f"| {row['measured_over_expected']:.2f} | {'yes' if row['identical'] else 'NO'} |"
             )
     names = meta["prompts"]
@@ -456,17 +480,22 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one prompt, 0 and 20 ms, k 4/auto")
-    parser.add_argument("--delays", default="0,5,20,50", help="added round trips, ms")
+    parser.add_argument("--delays", default="0,5,20,50,100", help="added round trips, ms")
     parser.add_argument("--ks", default="1,2,4,8,auto")
     parser.add_argument("--prompts", default=",".join(PROMPTS))
-    parser.add_argument("--drafters", default="sequential,pipelined,ngram")
+    parser.add_argument("--drafters", default="sequential,pipelined,speculative,ngram")
     parser.add_argument("--p-mins", default="0", help="draft-model confidence cut-offs")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--verifier-model", type=Path, default=DEFAULT_VERIFIER_MODEL)
     parser.add_argument("--drafter-model", type=Path, default=DEFAULT_DRAFTER_MODEL)
     parser.add_argument("--verifier-core", type=int, default=1)
     parser.add_argument("--drafter-core", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "scripts" / "bench_results")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=REPO_ROOT / "bench-results" / "bench",
+        help="where the table, JSON and plots go (docs/performance holds the published run)",
+    )
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
         "--replot", action="store_true", help="redraw the table and plots from --out-dir's JSON"

@@ -12,11 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from server.shared.protocol import SamplingParams
+from server.shared.protocol import MIN_TEMPERATURE, SamplingParams
 
-# Below this a temperature is greedy (as vLLM's _SAMPLING_EPS): dividing logits by a
-# denormal overflows, and nobody means 1e-310 as anything but 0.
-MIN_TEMPERATURE = 1e-5
 MAX_STOPS = 4  # OpenAI's own limit
 MAX_STOP_CHARS = 1000
 MAX_PROMPT_CHARS = 1 << 20
@@ -99,6 +96,8 @@ class _Request(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def sampling(self) -> SamplingParams:
+        """The verifier's sampling: a temperature below MIN_TEMPERATURE is greedy here, as
+        OpenAI-style servers (vLLM) read it."""
         temperature = self.temperature if self.temperature >= MIN_TEMPERATURE else 0.0
         return SamplingParams(
             temperature=temperature, top_p=self.top_p if temperature else 1.0, seed=self.seed

@@ -23,7 +23,7 @@ from drafter.serve.replies import answer
 DEFAULT_CHAT_MAX_TOKENS = 512
 
 
-def get_backend(request: Request) -> SpeculativeBackend:
+async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thread hop
     return request.app.state.backend
 
 

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from drafter.candidates import Draft
 from drafter.client import VerifierClient
-from drafter.draft_length import AdaptiveLength, FixedLength
-from drafter.loop import Draft, SpeculativeLoop
+from drafter.draft_length import FixedLength, LinkAwareLength
+from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from scripts.harness.metrics import Metrics
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
@@ -156,7 +157,7 @@ def run_drafters(
     barrier = threading.Barrier(n + 1 + (during is not None))
 
     def run(i: int) -> None:
-        length = AdaptiveLength(maximum=16) if draft_n == "auto" else FixedLength(int(draft_n))
+        length = LinkAwareLength(maximum=16) if draft_n == "auto" else FixedLength(int(draft_n))
         loop = SpeculativeLoop(drafters[i], clients[i], draft_n=length, n_ctx=n_ctx)
         barrier.wait()
         try:

@@ -51,21 +51,44 @@ def fill(template: str, fields: Mapping[str, str]) -> str:
     return template
 
 
-def render_site(replicas: Sequence[str], listen: str, max_body_bytes: int) -> str:
+CLIENT_TIMEOUT_S = 10
+MAX_CONNS_PER_CLIENT = 256
+
+
+def render_site(
+    replicas: Sequence[str],
+    listen: str,
+    max_body_bytes: int,
+    client_timeout_s: int = CLIENT_TIMEOUT_S,
+    max_conns: int = MAX_CONNS_PER_CLIENT,
+) -> str:
     """The http-context config for `replicas` (host:port each)."""
     if not replicas:
         raise ValueError("at least one replica is needed")
     servers = "\n".join(f"    server {r} max_fails=1 fail_timeout=5s;" for r in replicas)
     return fill(
         SITE_TEMPLATE.read_text(),
-        {"servers": servers, "listen": listen, "max_body": f"{max_body_bytes // 1024}k"},
+        {
+            "servers": servers,
+            "listen": listen,
+            "max_body": f"{max_body_bytes // 1024}k",
+            "client_timeout": f"{client_timeout_s}s",
+            "max_conns": str(max_conns),
+        },
     )
 
 
 class LocalBalancer:
     """nginx on 127.0.0.1 in the foreground, everything under a private directory."""
 
-    def __init__(self, replicas: Sequence[str], max_body_bytes: int, timeout: float = 30.0):
+    def __init__(
+        self,
+        replicas: Sequence[str],
+        max_body_bytes: int,
+        timeout: float = 30.0,
+        **limits: int,
+    ):
+        """`limits`: render_site's client_timeout_s and max_conns."""
         nginx = find_nginx()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -73,7 +96,7 @@ class LocalBalancer:
         # A root master hands work to an unprivileged worker, which must reach this.
         self.prefix.chmod(0o755)
         site = self.prefix / "site.conf"
-        site.write_text(render_site(replicas, f"127.0.0.1:{self.port}", max_body_bytes))
+        site.write_text(render_site(replicas, f"127.0.0.1:{self.port}", max_body_bytes, **limits))
         main = self.prefix / "nginx.conf"
         main.write_text(
             fill(LOOPBACK_TEMPLATE.read_text(), {"prefix": str(self.prefix), "site": str(site)})
@@ -140,8 +163,10 @@ class LocalReplicas:
         env: Mapping[str, str],
         max_body_bytes: int,
         command_prefix: Sequence[str] = (),
+        **limits: int,
     ):
-        """`command_prefix` runs each verifier under another command (`taskset -c 1`)."""
+        """`command_prefix` runs each verifier under another command (`taskset -c 1`);
+        `limits`: the balancer's (render_site)."""
         self.verifiers: list[LocalVerifier] = []
         self.balancer: LocalBalancer | None = None
         try:
@@ -155,7 +180,7 @@ class LocalReplicas:
             for verifier in self.verifiers:
                 verifier.wait_ready(timeout=300)
             self.balancer = LocalBalancer(
-                [f"127.0.0.1:{v.port}" for v in self.verifiers], max_body_bytes
+                [f"127.0.0.1:{v.port}" for v in self.verifiers], max_body_bytes, **limits
             )
         except BaseException:
             self.stop()

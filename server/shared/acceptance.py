@@ -74,7 +74,9 @@ def acceptance_probability(target_prob: float, draft_prob: float) -> float:
     """min(1, p(x)/q(x)); a token the drafter gave no mass is never accepted."""
     if draft_prob <= 0.0:
         return 0.0
-    return min(1.0, target_prob / draft_prob)
+    if target_prob >= draft_prob:  # (no division: a denormal q would overflow it)
+        return 1.0
+    return target_prob / draft_prob
 
 
 def accept_rejection(

@@ -10,7 +10,15 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, Strict, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
 PROTOCOL_VERSION = 2  # 2: client-chosen session ids, X-Session-Id
 
@@ -57,11 +65,29 @@ class ResponseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# The least temperature above 0 (vLLM's _SAMPLING_EPS): dividing logits by less
+# overflows, and nobody means 1e-310 as anything but greedy.
+MIN_TEMPERATURE = 1e-5
+
+
 class SamplingParams(WireModel):
-    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 = greedy")
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        le=100.0,
+        allow_inf_nan=False,
+        description=f"0 = greedy; otherwise at least {MIN_TEMPERATURE}",
+    )
     top_k: int = Field(0, ge=0, le=1 << 20, description="0 = no top-k cut")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="1 = no nucleus cut")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="1 = no nucleus cut")
     seed: int | None = Field(None, ge=0, lt=2**63)
+
+    @field_validator("temperature")
+    @classmethod
+    def _not_denormal(cls, temperature: float) -> float:
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return temperature
 
     @property
     def greedy(self) -> bool:

@@ -14,7 +14,9 @@ from server.shared.protocol import SamplingParams
 
 
 def probabilities(logits: np.ndarray, sampling: SamplingParams) -> np.ndarray:
-    """Dense distribution over the vocabulary; zero outside the kept support."""
+    """Dense distribution over the vocabulary; zero outside the kept support. Finite for
+    any finite logits (-inf allowed: a masked token) and any valid SamplingParams (a
+    temperature of 0 or at least MIN_TEMPERATURE): tests/unit/test_sampling_properties.py."""
     if sampling.greedy:
         probs = np.zeros(logits.shape[-1], dtype=np.float64)
         probs[int(np.argmax(logits))] = 1.0

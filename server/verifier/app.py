@@ -20,6 +20,7 @@ from server.shared.runtime import LlamaRuntime
 from server.verifier.engine import Engine
 from server.verifier.errors import install_error_handlers, send_error
 from server.verifier.metrics import RequestMetricsMiddleware, VerifierMetrics
+from server.verifier.round_path import VerifyFastPath
 from server.verifier.routes import generate, service, sessions
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.security import ApiKeys, GuardMiddleware
@@ -116,7 +117,9 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
     for module in (sessions, generate, service):
         app.include_router(module.router)
     # The last added runs first: every request is counted, then its key checked, then its
-    # body read whole (within the size and time limits), then routed.
+    # body read whole (within the size and time limits), then routed (POST /verify first).
+    if settings.verify_fast_path:
+        app.add_middleware(VerifyFastPath)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

@@ -42,6 +42,11 @@ class VerifierSettings(BaseSettings):
         description="decode a lone verify round on the event loop when the engine is idle "
         "(saves two thread switches a round; the loop waits for that one decode)",
     )
+    verify_fast_path: bool = Field(
+        True,
+        description="answer POST /verify before Starlette's routing and FastAPI's request "
+        "handling (same checks, errors and metrics; less time a round)",
+    )
     pin_shapes: Literal["auto", "on", "off"] = Field(
         "auto",
         description="pinned pass shapes, every pass every session at pin_width rows, for "

@@ -27,7 +27,9 @@ class AppState:
     vocab_file_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def get_state(request: Request) -> AppState:
+# The dependencies are coroutines: FastAPI runs a plain function dependency in a worker
+# thread, a hand-off on every request (the largest part of a round's protocol overhead).
+async def get_state(request: Request) -> AppState:
     return request.app.state.verifier
 
 
@@ -45,7 +47,7 @@ def key_id(request: Request) -> str:
     return getattr(request.state, "key_id", "anonymous")
 
 
-def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchScheduler:
+async def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchScheduler:
     return scheduler_of(state)
 
 

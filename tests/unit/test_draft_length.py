@@ -2,7 +2,7 @@
 
 import pytest
 
-from drafter.draft_length import AdaptiveLength, DoublingLength, FixedLength
+from drafter.draft_length import DoublingLength, FixedLength, LinkAwareLength, RoundTiming
 from drafter.settings import parse_draft_n
 
 
@@ -13,30 +13,52 @@ def test_fixed_length_never_moves():
     assert length.next() == 4
 
 
-def test_adaptive_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
-    length = AdaptiveLength(maximum=16, start=4)
-    seen = []
-    for accepted_all in (True, True, False, True, False, False, False, False, False):
-        k = length.next()
-        length.update(k, k if accepted_all else k - 1)
-        seen.append(length.next())
-    assert seen == [6, 8, 7, 9, 8, 7, 6, 5, 4]
-
-
-def test_adaptive_stays_within_its_bounds():
-    length = AdaptiveLength(maximum=5, start=4, minimum=1)
-    for _ in range(5):
-        length.update(length.next(), length.next())
-    assert length.next() == 5
-    for _ in range(10):
-        length.update(length.next(), 0)
-    assert length.next() == 1
-
-
 def test_a_round_with_no_draft_teaches_nothing():
-    length = AdaptiveLength(maximum=16, start=4)
+    length = DoublingLength(maximum=16, start=4)
     length.update(0, 0)
     assert length.next() == 4
+
+
+def timing(rows: int, verifier_s: float, link_s: float, draft_s: float, ahead: bool = False):
+    return RoundTiming(
+        rows=rows,
+        verifier_s=verifier_s,
+        round_trip_s=verifier_s + link_s,
+        draft_s=draft_s,
+        drafted_ahead=ahead,
+    )
+
+
+def run_rounds(length: LinkAwareLength, link_s: float, accept: float, rounds: int = 40):
+    """Rounds of a CPU-like verifier (10 ms + 5 ms a row), 15 ms a drafted token, a link of
+    `link_s`, acceptance `accept`: each draft accepted up to round(k * accept)."""
+    for _ in range(rounds):
+        k = length.next()
+        accepted = min(k, round(k * accept))
+        length.update(k, accepted)
+        length.observe(timing(k + 1, 0.010 + 0.005 * (k + 1), link_s, 0.015 * k))
+    return length.next()
+
+
+def test_link_aware_drafts_longer_over_a_slow_link():
+    near = run_rounds(LinkAwareLength(maximum=16), link_s=0.0005, accept=0.8)
+    far = run_rounds(LinkAwareLength(maximum=16), link_s=0.100, accept=0.8)
+    assert 1 <= near < far <= 16
+
+
+def test_link_aware_drafts_less_when_little_is_accepted():
+    good = run_rounds(LinkAwareLength(maximum=16), link_s=0.05, accept=0.9)
+    poor = run_rounds(LinkAwareLength(maximum=16), link_s=0.05, accept=0.2)
+    assert poor < good
+
+
+def test_link_aware_expectation_is_the_geometric_model():
+    length = LinkAwareLength(maximum=8)
+    length.observe(timing(5, 0.05, 0.02, 0.06))
+    a = length.acceptance
+    expected_tokens = (1 - a**4) / (1 - a)
+    seconds = 0.02 + length.verifier_s(4) + 3 * length._draft_s
+    assert length.expected_tokens_per_s(3) == pytest.approx(expected_tokens / seconds)
 
 
 def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
@@ -68,8 +90,8 @@ def test_auto_means_the_schedule_that_suits_the_drafter():
     def length(**settings):
         return draft_length(DrafterSettings(**settings), info)
 
-    assert isinstance(length(draft_n="auto"), AdaptiveLength)
-    assert isinstance(length(draft_n="auto", drafter="model+ngram"), AdaptiveLength)
+    assert isinstance(length(draft_n="auto"), LinkAwareLength)
+    assert isinstance(length(draft_n="auto", drafter="model+ngram"), LinkAwareLength)
     assert isinstance(length(draft_n="auto", drafter="ngram"), DoublingLength)
     assert length(draft_n="auto", drafter="ngram").maximum == 16
     assert length(draft_n=3) == FixedLength(3)

@@ -44,7 +44,7 @@ async def vocab(request: Request, state: StateDep, scheduler: SchedulerDep) -> R
     engine = scheduler.engine
     etag = f'"{engine.vocab.hash}"'
     headers = {"ETag": etag, "Cache-Control": "private, max-age=0, must-revalidate"}
-    if request.headers.get("if-none-match") == etag:
+    if none_match(request.headers.getlist("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
     async with state.vocab_file_lock:
         if state.vocab_file is None:
@@ -60,3 +60,15 @@ async def metrics(state: StateDep) -> Response:
     if state.engine is not None:
         state.metrics.active_sessions.set(state.engine.session_count)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def none_match(fields: list[str], etag: str) -> bool:
+    """If-None-Match as RFC 9110 reads it: `*`, or a list of entity tags, compared weakly
+    (W/"x" matches "x")."""
+    ours = etag.removeprefix("W/")
+    for field in fields:
+        for tag in field.split(","):
+            tag = tag.strip()
+            if tag == "*" or tag.removeprefix("W/") == ours:
+                return True
+    return False

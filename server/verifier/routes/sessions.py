@@ -11,8 +11,9 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 from server.verifier.checks import routing_header, session_id_named
+from server.verifier.round_path import answer_round, record_round
 from server.verifier.routes import model_json
-from server.verifier.state import AppState, SchedulerDep, StateDep, key_id
+from server.verifier.state import AppState, SchedulerDep, key_id
 
 router = APIRouter(tags=["sessions"])
 
@@ -22,26 +23,27 @@ async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Reques
     header = routing_header(http.headers.getlist(SESSION_ID_HEADER))
     session_id = session_id_named(header, request.session_id)
     request = request.model_copy(update={"session_id": session_id})
-    return model_json(await scheduler.prefill(request, key_id(http)))
+    owner = key_id(http)
+    opened = await scheduler.prefill(request, owner)
+    if await http.is_disconnected():
+        # Nobody will read the answer: a session nobody knows of would hold its sequence
+        # until the idle TTL. (A client that chose the id and retries finds it free.)
+        engine = scheduler.engine
+        await scheduler.call(
+            lambda: engine.discard_session(opened.session_id), opened.session_id, owner
+        )
+    return model_json(opened)
 
 
 @router.post("/verify", response_model=VerifyResponse)
-async def verify(
-    request: VerifyRequest, scheduler: SchedulerDep, state: StateDep, http: Request
-) -> Response:
+async def verify(request: VerifyRequest, http: Request) -> Response:
     """One speculative round: the pending token and the draft decoded together, the
-    longest agreeing prefix accepted, plus one token of the verifier's."""
-    session_id_named(routing_header(http.headers.getlist(SESSION_ID_HEADER)), request.session_id)
-    response = await scheduler.verify(request, key_id(http))
-    # Counted once the answer is on its way; a replayed answer was counted with its round.
+    longest agreeing prefix accepted, plus one token of the verifier's. (Served before
+    routing by server/verifier/round_path.py unless VERIFIER_VERIFY_FAST_PATH=false.)"""
+    state: AppState = http.app.state.verifier
+    routing = http.headers.getlist(SESSION_ID_HEADER)
+    response = await answer_round(state, request, routing, key_id(http))
     return model_json(response, BackgroundTask(record_round, state, request, response))
-
-
-def record_round(state: AppState, request: VerifyRequest, response: VerifyResponse) -> None:
-    if response._counted:
-        return
-    response._counted = True
-    state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
 
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)

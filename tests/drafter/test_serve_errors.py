@@ -1,0 +1,120 @@
+"""`serve` as a hostile client finds it: every bad input an OpenAI-shaped 4xx, short,
+naming what is wrong; never a 500. No verifier is needed: all of these are refused before
+the draft model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from drafter.serve.app import MAX_BODY_BYTES, create_app
+from drafter.settings import DrafterSettings
+
+
+@pytest.fixture(scope="module")
+def api():
+    app = create_app(DrafterSettings(server="http://127.0.0.1:9", timeout=2, retries=0))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def assert_openai_error(response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    assert len(response.content) < 1024
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert param in (error["param"] or "") or param in error["message"]
+    return error
+
+
+COMPLETION = {"model": "any", "prompt": "hi", "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"temperature": float("nan")}, None),  # NaN is not JSON: malformed
+        ({"temperature": 3}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 5000}, "stop"),
+        ({"prompt": 42}, "prompt"),
+        ({"logprobs": 3}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"logit_bias": {"50": 10}}, "logit_bias"),
+        ({"suffix": "end"}, "suffix"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+    ],
+)
+def test_bad_completion_fields_are_400s_naming_the_field(api, extra, param):
+    body = json.dumps({**COMPLETION, **extra}, allow_nan=True)
+    response = api.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(response, 400, param)
+
+
+def test_a_lone_surrogate_in_a_prompt_or_message_is_a_400(api):
+    raw = '{"model": "any", "prompt": "\\ud800", "max_tokens": 4}'
+    response = api.post(
+        "/v1/completions", content=raw, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(response, 400, "prompt")
+    chat = '{"model": "any", "messages": [{"role": "user", "content": "\\udfff"}]}'
+    response = api.post(
+        "/v1/chat/completions", content=chat, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(response, 400, "messages")
+
+
+def test_unsupported_chat_fields_are_refused_not_ignored(api):
+    body = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
+    for extra in ({"tools": [{"type": "function"}]}, {"response_format": {"type": "json"}}):
+        error = assert_openai_error(api.post("/v1/chat/completions", json={**body, **extra}), 400)
+        assert error["code"] == "unsupported_parameter"
+    # What changes nothing is accepted (it then fails only for want of a verifier).
+    harmless = api.post("/v1/chat/completions", json={**body, "user": "me", "metadata": {}})
+    assert harmless.status_code == 503
+
+
+def test_malformed_json_and_huge_error_lists_give_short_answers(api):
+    bad = api.post("/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    assert assert_openai_error(bad, 400)["code"] == "invalid_json"
+    many = {"model": "any", "messages": [{"role": "nobody", "content": 1}] * 1000}
+    error = assert_openai_error(api.post("/v1/chat/completions", json=many), 400)
+    assert "more" in error["message"]
+
+
+def test_bodies_over_the_limit_are_413_before_being_read(api):
+    huge = b"x" * (MAX_BODY_BYTES + 1)
+    response = api.post(
+        "/v1/completions", content=huge, headers={"content-type": "application/json"}
+    )
+    assert_openai_error(response, 413)
+
+
+def test_unknown_routes_and_methods_answer_in_openai_shape(api):
+    assert assert_openai_error(api.get("/v1/nothing"), 404)["code"] == "not_found"
+    assert assert_openai_error(api.get("/v1/completions"), 405)["code"] == "method_not_allowed"
+
+
+def test_a_tiny_temperature_is_greedy_not_an_overflow():
+    from drafter.serve.protocol import CompletionRequest
+
+    for tiny in (5e-324, 1e-310, 1e-6):
+        sampling = CompletionRequest(prompt="x", temperature=tiny).sampling()
+        assert sampling.greedy and sampling.temperature == 0.0
+
+
+def test_health_says_the_verifier_is_down(api):
+    response = api.get("/health")
+    assert response.status_code == 503
+    assert response.json()["status"] == "unavailable"
+    assert "cannot be reached" in response.json()["verifier"]

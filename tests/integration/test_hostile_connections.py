@@ -1,0 +1,102 @@
+"""Connections a client cannot hold: through the shipped nginx front (the supported way to
+expose a verifier), half-sent headers and trickled bodies are closed after its client
+timeout and one address gets only so many connections; on the verifier itself, a body
+that does not arrive in time is a 408. Meanwhile another client's rounds are answered.
+Deadlines here are generous bounds on waiting for a state, never measurements."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from scripts.harness.replicas import LocalReplicas, NginxMissing
+from server.verifier.settings import VerifierSettings
+from tests.conftest import start_verifier, verifier_env
+
+pytestmark = pytest.mark.integration
+
+CLIENT_TIMEOUT_S = 2
+MAX_CONNS = 20
+HOSTILE = "127.0.0.3"  # the hostile client's own address (all of 127/8 is loopback)
+
+
+@pytest.fixture(scope="module")
+def front(verifier_model):
+    try:
+        replicas = LocalReplicas(
+            1,
+            verifier_env(verifier_model),
+            VerifierSettings().max_body_bytes,
+            client_timeout_s=CLIENT_TIMEOUT_S,
+            max_conns=MAX_CONNS,
+        )
+    except NginxMissing as exc:
+        pytest.fail(str(exc))  # never a silent skip: the front is what is under test
+    yield replicas
+    replicas.stop()
+
+
+def hostile_socket(port: int, payload: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(HOSTILE, 0))
+    sock.sendall(payload)
+    return sock
+
+
+def ended(sock: socket.socket) -> bytes:
+    """What the server sent before it closed (or reset) the connection; waits for that."""
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except ConnectionResetError:  # nginx's reset_timedout_connection
+        pass
+    finally:
+        sock.close()
+    return data
+
+
+def a_round_is_answered(url: str) -> bool:
+    opened = httpx.post(f"{url}/prefill", json={"prompt": "still here"}, timeout=60).json()
+    body = {"session_id": opened["session_id"], "n_past": opened["total_tokens"]}
+    answer = httpx.post(f"{url}/verify", json=body, timeout=60)
+    httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=60)
+    return answer.status_code == 200
+
+
+def test_half_sent_requests_are_closed_and_capped_while_rounds_go_on(front):
+    port = front.balancer.port
+    half_headers = [
+        hostile_socket(port, b"POST /verify HTTP/1.1\r\nHost: x\r\n") for _ in range(40)
+    ]
+    trickled = hostile_socket(
+        port,
+        b"POST /prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{",
+    )
+    assert a_round_is_answered(front.url)  # another client is served meanwhile
+    answers = [ended(sock) for sock in [*half_headers, trickled]]
+    # Beyond MAX_CONNS from one address: refused at once; the rest closed at the timeout.
+    refused = [a for a in answers if b" 429 " in a.split(b"\r\n")[0]]
+    assert len(refused) >= 40 + 1 - MAX_CONNS
+    assert all(a == b"" or b" 408 " in a or b" 429 " in a for a in answers), answers
+    assert a_round_is_answered(front.url)
+
+
+def test_on_the_verifier_itself_a_body_too_slow_is_a_408(verifier_model):
+    verifier = start_verifier(verifier_model, body_timeout_s=CLIENT_TIMEOUT_S)
+    try:
+        began = time.monotonic()
+        sock = socket.create_connection(("127.0.0.1", verifier.port), timeout=60)
+        sock.sendall(
+            b"POST /prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"prompt":'
+        )
+        answer = ended(sock)
+        assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
+        assert time.monotonic() - began < 60  # a bound on the wait, not a measurement
+        assert a_round_is_answered(verifier.url)
+    finally:
+        verifier.stop()

@@ -1,0 +1,118 @@
+"""Drafts made while a round is out, for the verifier's likeliest answers (fake drafter
+and verifier from test_loop: no model, no HTTP). Whatever the cache holds, the output is
+the verifier's own; what it saves is when drafts are made."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from drafter.candidates import Draft
+from drafter.loop import SpeculativeLoop
+from drafter.speculation import SpeculationCache
+from tests.unit.test_loop import FakeVerifier, GatedVerifier, NoisyDrafter, run, target_alone
+
+
+class RankingDrafter(NoisyDrafter):
+    """Drafts the target's tokens, one in `wrong_every` wrong, and ranks answers: the
+    verifier's real answer among its guesses when `knows` is true, never when false."""
+
+    def __init__(self, verifier, wrong_every: int, knows: bool):
+        super().__init__(verifier, wrong_every)
+        self.knows = knows
+        self.ranked = 0
+
+    def likely_answers(self, committed, draft, limit) -> list[tuple[int, int]]:
+        self.ranked += 1
+        context, answers = list(committed), []
+        for i, token in enumerate([*draft, None]):
+            target = self.verifier.target(context)
+            if token != target:  # the verifier's answer: i accepted, then its own token
+                real = (i, target)
+                break
+            context.append(token)
+        decoys = [(0, 999), (len(draft), 998)]
+        answers = [decoys[0], real, decoys[1]] if self.knows else decoys
+        return answers[:limit]
+
+
+@pytest.mark.parametrize("wrong_every", [3, 5, 1000])
+def test_when_the_answer_was_drafted_for_the_next_round_goes_at_once(wrong_every):
+    verifier = GatedVerifier()
+    drafter = RankingDrafter(verifier, wrong_every, knows=True)
+    loop = verifier.gated(
+        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True)
+    )
+    _, result = run(loop, [5, 6, 7], 60)
+    assert result.tokens == target_alone([5, 6, 7], 60, FakeVerifier())
+    stats = result.stats
+    # Every round drafted ahead for; the last one's answer ended the generation.
+    assert stats.speculation_hits >= stats.rounds - 2
+    assert stats.rounds_sent_at_once >= stats.rounds - 2
+    assert stats.answers_per_round == pytest.approx(3.0, abs=0.5)
+    assert stats.wasted_ahead > 0  # the decoys' drafts
+
+
+def test_when_it_was_not_the_round_is_drafted_as_usual_and_the_output_is_the_same():
+    verifier = GatedVerifier()
+    drafter = RankingDrafter(verifier, 3, knows=False)
+    loop = verifier.gated(
+        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True)
+    )
+    _, result = run(loop, [5, 6, 7], 40)
+    assert result.tokens == target_alone([5, 6, 7], 40, FakeVerifier())
+    assert result.stats.speculation_hits == 0 and result.stats.rounds_sent_at_once == 0
+
+
+class SampledDrafter:
+    """Drafts sampled tokens with their q rows, from a seeded stream."""
+
+    def __init__(self, n_vocab: int = 8):
+        self.rng = np.random.default_rng(3)
+        self.n_vocab = n_vocab
+
+    def get_candidates(self, committed: Sequence[int], k: int, stop=None) -> Draft:
+        tokens, rows = [], []
+        for _ in range(k):
+            q = self.rng.dirichlet(np.ones(self.n_vocab))
+            tokens.append(int(self.rng.choice(self.n_vocab, p=q)))
+            rows.append(q)
+        return Draft(tokens, rows)
+
+    def likely_answers(self, committed, draft, limit):
+        return [(len(draft), t) for t in range(limit)]
+
+
+def test_a_cached_sampled_draft_carries_the_q_its_tokens_were_drawn_from():
+    drafter = SampledDrafter()
+    cache = SpeculationCache(drafter, max_branches=3)
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    made = dict(cache._drafts)
+    taken = cache.take(2, 1, 3)
+    assert taken.tokens == made[(2, 1)].tokens
+    for row, original in zip(taken.probs, made[(2, 1)].probs, strict=True):
+        assert row is original  # the very distribution it was drawn from
+    assert cache.take(2, 1, 3) is None  # used once; the cache empties on every answer
+
+
+def test_a_draft_cut_short_by_the_answer_is_left_to_the_drafter_to_finish():
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2  # the answer comes during the second branch
+
+    drafter = SampledDrafter()
+    original = drafter.get_candidates
+
+    def short(committed, k, stop=None):
+        return original(committed, 1 if committed[-1] == 1 else k)
+
+    drafter.get_candidates = short
+    cache = SpeculationCache(drafter, max_branches=3)
+    cache.prepare([1, 2], [4], 3, stop=stop)
+    assert set(cache._drafts) == {(1, 0), (1, 1)}
+    assert cache.take(1, 1, 3) is None  # the last, short: the drafter continues it
+    assert cache.counts.hits == 1 and cache.counts.sent_at_once == 0
