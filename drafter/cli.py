@@ -36,11 +36,8 @@ def _flag(name: str, *decls: str, default_text: str | None = None) -> Any:
     )
     if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
         shown = str(default.relative_to(REPO_ROOT))  # the models/ folder of this checkout
-    return typer.Option(
-        *(decls or (f"--{name.replace('_', '-')}",)),
-        help=field.description,
-        show_default=shown or False,
-    )
+    help_text = field.description + (f"  [default: {shown}]" if shown else "")
+    return typer.Option(*(decls or (f"--{name.replace('_', '-')}",)), help=help_text)
 
 
 # One alias per flag, shared by both commands.
@@ -80,8 +77,13 @@ QueueOpt = Annotated[int | None, _flag("queue")]
 
 app = typer.Typer(
     add_completion=False,
-    help="Speculative decoding with a local draft model and a remote verifier. "
-    "Every option can also be set as a DRAFTER_<NAME> environment variable.",
+    # Plain help: every default in full at any width (rich's boxes cut them off).
+    rich_markup_mode=None,
+    subcommand_metavar="[serve [OPTIONS]]",
+    help="Speculative decoding with a local draft model and a remote verifier: "
+    "draft_token_generator --prompt TEXT generates a completion; draft_token_generator "
+    "serve runs an OpenAI-compatible API. Every option can also be set as a "
+    "DRAFTER_<NAME> environment variable (DRAFTER_SERVER, DRAFTER_API_KEY, ...).",
 )
 
 
@@ -142,11 +144,15 @@ def generate(
     logging.basicConfig(
         level=logging.INFO if settings.verbose else logging.WARNING, stream=sys.stderr
     )
+    if not settings.verbose:  # urllib3 says "Retrying (...)" at each retry: our message suffices
+        logging.getLogger("urllib3").setLevel(logging.ERROR)
     renderer = JsonRenderer() if settings.output is OutputFormat.json else TextRenderer()
     try:
         run(settings, renderer)
     except DrafterError as exc:
         raise fail(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None  # the conventional status of SIGINT
 
 
 @app.command()

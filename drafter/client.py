@@ -92,19 +92,24 @@ class CountedRetry(Retry):
         # A certificate the CA does not vouch for will not get better by trying again;
         # every other failure to connect or read (a TLS handshake cut off, a proxy that
         # cannot reach a restarting verifier yet) may.
-        if isinstance(error, SSLError) and any(
-            isinstance(arg, ssl.SSLCertVerificationError) for arg in error.args
+        if isinstance(error, SSLError) and (
+            self.connect == 0  # never reached yet: https to an http verifier, say
+            or any(isinstance(arg, ssl.SSLCertVerificationError) for arg in error.args)
         ):
             raise error
         return super().increment(method, url, response, error, **kw)
 
 
-def retry_policy(max_retries: int, on_retry: Callable[[], None] | None = None) -> CountedRetry:
+def retry_policy(
+    max_retries: int, on_retry: Callable[[], None] | None = None, connect: int | None = None
+) -> CountedRetry:
     """Every method is retried, POST included: a replayed /verify gets its recorded answer,
     a replayed /prefill of a chosen id a 409 the loop resolves, a lost session a 404 the
-    loop recovers from. A refused certificate is not (CountedRetry.increment)."""
+    loop recovers from. A refused certificate is not (CountedRetry.increment); `connect`
+    caps the retries of a connection that could not be made."""
     retry = CountedRetry(
         total=max_retries,
+        connect=connect,
         redirect=False,
         allowed_methods=None,
         status_forcelist=RETRY_STATUSES,
@@ -189,6 +194,11 @@ class VerifierClient:
             ) from exc
         # urllib3 never changes a Retry, it makes new ones: one serves every request.
         self._retry = retry_policy(max_retries, self._counted_retry)
+        # Until the verifier has answered once, a refused connection or an unknown host
+        # is a mistake to report at once (a wrong URL, a verifier not started), not an
+        # outage to wait out; a 503 (still loading) is waited for either way.
+        self._retry_unproven = retry_policy(max_retries, self._counted_retry, connect=0)
+        self.reached = False
         self.retries_done = 0
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -281,7 +291,7 @@ class VerifierClient:
                 url,
                 body=content,
                 headers=headers,
-                retries=self._retry,
+                retries=self._retry if self.reached else self._retry_unproven,
                 redirect=False,
                 preload_content=preload,
             )
@@ -289,6 +299,7 @@ class VerifierClient:
             raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
         except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)
             raise self._unreachable(exc, self.retries_done - retries_before) from exc
+        self.reached = True
         self.bytes_sent += framed_request_bytes(method, urlsplit(url).path, headers, content)
         # A streamed body (preload off) is counted by whoever reads it.
         self.bytes_received += framed_response_bytes(response, len(response.data) if preload else 0)
@@ -303,10 +314,22 @@ class VerifierClient:
             what = "timed out"  # (refused connections are urllib3 connect timeouts too)
         else:
             what = "cannot be reached"
+        hint = ""
+        if not self.reached and isinstance(reason, NewConnectionError):
+            hint = " Is the verifier running there (and is the URL's scheme, host and port right)?"
+        elif not self.reached and "WRONG_VERSION_NUMBER" in str(reason):
+            hint = " Does the verifier speak plain http:// rather than https://?"
+        tries = f" after {retries + 1} tries" if retries else ""
         return VerifierUnavailable(
-            f"the verifier at {self.base_url} {what} after {retries + 1} tries "
-            f"(cannot reach the verifier: {reason})"
+            f"the verifier at {self.base_url} {what}{tries} (cannot reach the verifier: "
+            f"{_short(reason)}).{hint}"
         )
+
+
+def _short(reason: BaseException | None) -> str:
+    """urllib3's reason without its object reprs: the part a person reads."""
+    text = str(reason)
+    return text.split(": ", 1)[1] if text.startswith("<") and ": " in text else text
 
 
 def framed_request_bytes(

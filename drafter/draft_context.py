@@ -32,7 +32,7 @@ from server.shared.batching import (
     forget,
     together_or_alone,
 )
-from server.shared.runtime import LlamaRuntime
+from server.shared.runtime import LlamaRuntime, usable_cores
 
 # Tokens of one request beyond which it is decoded on its own (a prompt, not a draft step).
 MAX_SHARED_TOKENS = 32
@@ -82,7 +82,10 @@ class DraftContext:
                 model_path,
                 n_ctx_per_seq=n_ctx,
                 n_seq_max=n_seq,
-                n_threads=n_threads,
+                # Half the cores by default: a drafter shares its machine (a verifier beside
+                # it on one host, the user's own work on a Mac); all of them, spinning
+                # against a verifier's threads, collapse both.
+                n_threads=n_threads or max(1, usable_cores() // 2),
                 n_gpu_layers=n_gpu_layers,
                 verbose=verbose,
             )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 class FixedLength:
     k: int
 
-    def next(self) -> int:
+    def next(self, ahead: bool = False) -> int:
         return self.k
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
@@ -48,7 +48,7 @@ class DoublingLength:
             raise ValueError("need 1 <= minimum <= maximum")
         self.k = min(max(self.start, self.minimum), self.maximum)
 
-    def next(self) -> int:
+    def next(self, ahead: bool = False) -> int:
         return self.k
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
@@ -81,9 +81,12 @@ class LinkAwareLength:
     round against its rows (a line fitted to the rounds so far), the link's time (round
     trip less the verifier's), the drafting time per token, and how often the next draft
     was ready when an answer came (speculation, drafter/speculation.py). A round of k is
-    expected to commit (1 - a^(k+1)) / (1 - a) tokens in link + verifier(k + 1) +
-    (1 - ready) * k * draft time. On a slow link that favours long drafts; next to the
-    verifier, short ones (Leviathan et al., section 3.3, with the link added)."""
+    expected to commit (1 - a^(k+1)) / (1 - a) tokens in link + verifier(k + 1), plus
+    k * draft time when the draft is made after the answer. So two lengths: `next()` for a
+    draft made then (short on a slow CPU drafter: every token waits), `next(ahead=True)`
+    for one made while the round is out (free to be longer: the wait pays for it). On a
+    slow link both grow; next to the verifier they shrink (Leviathan et al., section 3.3,
+    with the link added)."""
 
     maximum: int
     start: int = 4
@@ -93,19 +96,19 @@ class LinkAwareLength:
     _accepted: float = 3.0  # a weak prior: a = 0.75
     _rejected: float = 1.0
     _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
+    k_ahead: int = 0
     _link_s: float | None = None
     _draft_s: float | None = None
-    _ready: float = 0.0
 
     def __post_init__(self) -> None:
-        self.k = min(max(self.start, self.minimum), self.maximum)
+        self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
 
     @property
     def label(self) -> str:
         return "auto"
 
-    def next(self) -> int:
-        return self.k
+    def next(self, ahead: bool = False) -> int:
+        return self.k_ahead if ahead else self.k
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
         if drafted == 0:
@@ -125,8 +128,7 @@ class LinkAwareLength:
             self._draft_s = (
                 per_token if self._draft_s is None else (d * self._draft_s + (1 - d) * per_token)
             )
-        self._ready = d * self._ready + (1 - d) * timing.drafted_ahead
-        self.k = self._best()
+        self.k, self.k_ahead = self._best(ahead=False), self._best(ahead=True)
 
     @property
     def acceptance(self) -> float:
@@ -142,15 +144,17 @@ class LinkAwareLength:
         slope = max(0.0, (n * xy - x * y) / spread)
         return max(0.0, (y - slope * x) / n + slope * rows)
 
-    def expected_tokens_per_s(self, k: int) -> float:
+    def expected_tokens_per_s(self, k: int, ahead: bool = False) -> float:
         a = min(self.acceptance, 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
         seconds = (self._link_s or 0.0) + self.verifier_s(k + 1)
-        seconds += (1 - self._ready) * k * (self._draft_s or 0.0)
+        if not ahead:
+            seconds += k * (self._draft_s or 0.0)
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _best(self) -> int:
-        return max(range(self.minimum, self.maximum + 1), key=self.expected_tokens_per_s)
+    def _best(self, ahead: bool) -> int:
+        candidates = range(self.minimum, self.maximum + 1)
+        return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead))
 
 
 DraftLength = FixedLength | DoublingLength | LinkAwareLength

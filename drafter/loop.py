@@ -30,7 +30,7 @@ from drafter.stats import GenerationStats
 from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.shared.sampling import sparse
 
-FinishReason = Literal["eos", "max_tokens", "context_full"]
+FinishReason = Literal["eos", "max_tokens", "context_full", "interrupted"]
 # Consecutive lost sessions before giving up (a verifier evicting everything, say).
 MAX_RECOVERIES_IN_A_ROW = 3
 # A thread waiting for the GIL otherwise waits a whole switch interval (5 ms) for it:
@@ -101,6 +101,9 @@ class SpeculativeLoop:
         self.vocab = vocab
         self.result = SpeculativeResult()
         self._chosen_id: str | None = None
+        # Learned as rounds go: a round trip, and a drafted token (what speculation has).
+        self._wait_s = float("inf")
+        self._token_s = 0.0
 
     @property
     def session_id(self) -> str | None:
@@ -160,7 +163,7 @@ class SpeculativeLoop:
         committed = list(result.prompt_ids)
         ready: Draft | None = None  # the next round's draft, made while this one was out
         lost_in_a_row = 0
-        while (k := self._next_k(committed, max_tokens)) is not None:
+        while (k := self._next_k(committed, max_tokens, ahead=ready is not None)) is not None:
             drafting = time.perf_counter()
             if ready is not None:  # made for this answer; k may have changed since
                 draft = Draft(
@@ -172,6 +175,8 @@ class SpeculativeLoop:
                 draft = self.drafter.get_candidates(committed, k)
             draft_s = time.perf_counter() - drafting
             result.stats.draft_time_s += draft_s
+            if draft.tokens and not draft.reused:
+                self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             try:
                 verdict, round_trip_s, ready = self._verify(
                     sender, session[0], committed, draft, max_tokens
@@ -192,6 +197,7 @@ class SpeculativeLoop:
                 result.stats.recoveries += 1
                 continue
             lost_in_a_row = 0
+            self._wait_s = _ema(self._wait_s, round_trip_s)
             timing = RoundTiming(
                 rows=len(draft.tokens) + 1,
                 verifier_s=verdict.timings.engine_ms / 1000.0,
@@ -204,8 +210,9 @@ class SpeculativeLoop:
                 result.finish_reason = "eos"
                 return
 
-    def _next_k(self, committed: list[int], max_tokens: int) -> int | None:
-        """The next round's draft length, or None when the generation is over."""
+    def _next_k(self, committed: list[int], max_tokens: int, ahead: bool) -> int | None:
+        """The next round's draft length (`ahead`: its draft is made already), or None when
+        the generation is over."""
         result = self.result
         remaining = max_tokens - len(result.tokens)
         if remaining <= 0:
@@ -216,7 +223,7 @@ class SpeculativeLoop:
             result.finish_reason = "context_full"
             return None
         # A round commits at most k + 1 tokens: never more than asked for.
-        return min(self.draft_length.next(), remaining - 1, room)
+        return min(self.draft_length.next(ahead=ahead), remaining - 1, room)
 
     def _commit(
         self, committed: list[int], draft: Draft, verdict: VerifyResponse, timing: RoundTiming
@@ -258,10 +265,12 @@ class SpeculativeLoop:
         if sender is None:
             return (*self._timed_verify(request), None)
         in_flight: Future = sender.submit(self._timed_verify, request)
-        k = self.draft_length.next()
+        k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
         if self.speculation is not None and 0 < k < room:
-            self.speculation.prepare(committed, draft.tokens, k, stop=in_flight.done)
+            self.speculation.prepare(
+                committed, draft.tokens, k, in_flight.done, self._wait_s, self._token_s
+            )
         verdict, round_trip_s = in_flight.result()
         ready = None
         left = max_tokens - len(self.result.tokens) - len(verdict.tokens)
@@ -320,3 +329,10 @@ class SpeculativeLoop:
         # and a failed cleanup must not hide the result.
         with contextlib.suppress(Exception):
             self.verifier.delete_session(session_id)
+
+
+def _ema(mean: float, value: float, weight: float = 0.2) -> float:
+    """A running mean that follows recent values (the first value starts it)."""
+    if mean in (0.0, float("inf")):
+        return value
+    return (1 - weight) * mean + weight * value

@@ -215,8 +215,12 @@ class DraftModel:
             if drafted < 0:
                 break
             reach *= float(q[drafted])
-        scored.sort(key=lambda item: -item[0])
-        return [(i, t) for _, i, t in scored[:limit]]
+        # First the answer the model expects (its whole draft, then its own next token):
+        # the one it is calibrated on. Then the rest by their chance.
+        expected = max((s for s in scored if s[1] == len(draft_tokens)), default=None)
+        rest = sorted((s for s in scored if s is not expected), key=lambda s: -s[0])
+        ranked = ([expected] if expected else []) + rest
+        return [(i, t) for _, i, t in ranked[:limit]]
 
     def _distribution(self, logits: np.ndarray) -> np.ndarray:
         if self.policy.sample_drafts:

@@ -115,6 +115,17 @@ def prompt_request(vocab: LlamaVocab, settings: DrafterSettings) -> PrefillReque
     )
 
 
+def check_prompt_fits(vocab: LlamaVocab, request: PrefillRequest, info: InfoResponse) -> None:
+    """Refused here, before anything is decoded on either side: a prompt the verifier's
+    context cannot hold with at least one new token."""
+    n = len(vocab.tokenize(request.prompt or "", add_special=request.add_bos))
+    if n >= info.n_ctx:
+        raise DrafterError(
+            f"the prompt is {n} tokens; the verifier's context holds {info.n_ctx} tokens, "
+            "prompt and answer together (its VERIFIER_N_CTX)"
+        )
+
+
 def draft_policy(settings: DrafterSettings) -> DraftPolicy:
     """Rejection sampling needs drafts drawn from q; for greedy, match and threshold the
     drafter's argmax is the draft most likely to be accepted."""
@@ -214,10 +225,18 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
                     )
                     settings = settings.model_copy(update={"strategy": Strategy.match})
             request = prompt_request(target or model.runtime, settings)
+            check_prompt_fits(target or model.runtime, request, info)
             loop = speculative_loop(model, client, info, settings, target)
             renderer.start((target or model).token_bytes)
-            for event in loop.run(request, settings.max_tokens):
-                renderer.round(event)
+            rounds = loop.run(request, settings.max_tokens)
+            try:
+                for event in rounds:
+                    renderer.round(event)
+            except KeyboardInterrupt:
+                rounds.close()  # its session ends, its stats are final
+                loop.result.finish_reason = "interrupted"
+                renderer.finish(loop.result, None)  # what was made so far, and its stats
+                raise
             result = loop.result
             baseline = None
             if settings.baseline:

@@ -73,7 +73,11 @@ class DrafterSettings(BaseSettings):
         "or CUDA, else 0).",
     )
     threads: int = Field(
-        0, ge=0, description="CPU threads for the draft model (0: the cores this process may use)."
+        0,
+        ge=0,
+        description="CPU threads for the draft model; 0: half the cores this process may use "
+        "(at least one), so that it never starves a verifier or the user's other work on "
+        "the same machine.",
     )
     verbose: bool = Field(False, description="Print llama.cpp's own log on stderr.")
     translate: bool = Field(
@@ -114,7 +118,7 @@ class DrafterSettings(BaseSettings):
         "below this (0: off).",
     )
     # -- one generation (the default command) ------------------------------------------
-    prompt: str | None = Field(None, description="The prompt text.")
+    prompt: str | None = Field(None, description="The prompt text (required to generate).")
     chat: bool = Field(False, description="Apply the model's chat template to the prompt.")
     system: str | None = Field(None, description="A system message (with --chat).")
     max_tokens: int = Field(80, ge=1, description="Tokens to generate at most.")

@@ -18,6 +18,7 @@ how far it gets depends on timing, and so would the random draws.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -43,20 +44,30 @@ class SpeculationCache:
     _last: tuple[int, int] | None = None  # the branch drafted last (the drafter's own state)
 
     def prepare(
-        self, committed: Sequence[int], draft: Sequence[int], k: int, stop: Callable[[], bool]
+        self,
+        committed: Sequence[int],
+        draft: Sequence[int],
+        k: int,
+        stop: Callable[[], bool],
+        wait_s: float = float("inf"),
+        token_s: float = 0.0,
     ) -> None:
-        """Draft `k` tokens ahead for the likeliest answers to `draft`, until `stop()`."""
+        """Draft `k` tokens ahead for the likeliest answers to `draft`, until `stop()`:
+        another answer only while the wait expected (`wait_s`, learned from the recent
+        rounds) leaves time for its `k` + 1 tokens at `token_s` each."""
         self._drafts.clear()
         self._last = None
         if k <= 0:
             return
+        began = time.perf_counter()
         self.counts.rounds += 1
         ranked = getattr(self.drafter, "likely_answers", None)
         if ranked is None or self.max_branches <= 1:
             self._ahead_for_all_accepted(committed, draft, k, stop)
             return
-        for accepted, token in ranked(committed, draft, self.max_branches):
-            if stop():
+        for n, (accepted, token) in enumerate(ranked(committed, draft, self.max_branches)):
+            spent = time.perf_counter() - began
+            if stop() or (n and spent + (k + 1) * token_s > wait_s):
                 return
             branch = [*committed, *draft[:accepted], token]
             made = self.drafter.get_candidates(branch, k, stop=stop)

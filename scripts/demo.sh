@@ -15,11 +15,16 @@ export DRAFTER_THREADS=${DRAFTER_THREADS:-$half}
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 log=$(mktemp "${TMPDIR:-/tmp}/verifier.XXXXXX")
 echo "[demo] starting the verifier on 127.0.0.1:$port (log: $log)"
-.venv/bin/uvicorn server.main:app --host 127.0.0.1 --port "$port" --log-level warning >"$log" 2>&1 &
+# A process group of its own: Ctrl-C reaches the drafter, which ends its session and
+# prints what it made; the verifier is stopped after it, by the trap.
+set -m  # job control: a background job gets a process group of its own
+.venv/bin/uvicorn server.main:app --host 127.0.0.1 --port "$port" --log-level info >"$log" 2>&1 &
 server_pid=$!
+set +m
 stop_server() {
     kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
+    rm -f "$log"
 }
 trap stop_server EXIT
 trap 'exit 130' INT TERM
@@ -40,4 +45,6 @@ echo "[demo] verifier ready"
 if [ "$#" -eq 0 ]; then
     set -- --chat --prompt "Explain in a few sentences why the sky is blue." --max-tokens 80 --baseline
 fi
-.venv/bin/draft_token_generator --server "http://127.0.0.1:$port" "$@"
+status=0
+.venv/bin/draft_token_generator --server "http://127.0.0.1:$port" "$@" || status=$?
+exit "$status"

@@ -100,6 +100,7 @@ class LocalVerifier:
     def stop(self) -> None:
         stop_process(self.process)
         self._log.close()
+        self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalVerifier:
         try:
@@ -169,4 +170,6 @@ class LocalServe:
         """Stops it; returns its log."""
         stop_process(self.process)
         self._log.close()
-        return self.log_path.read_text()
+        log = self.log_path.read_text()
+        self.log_path.unlink(missing_ok=True)
+        return log

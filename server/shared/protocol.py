@@ -216,11 +216,6 @@ class InfoResponse(ResponseModel):
     # (server/vocab.py); an older verifier leaves them out, and only "same" passes.
     vocab_type: str = ""
     add_eos: bool = False
-    vocab_text_hashes: dict[int, str] = Field(
-        default_factory=dict,
-        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
-        "of n_vocab: a drafter compares the range both vocabularies have",
-    )
     max_draft: int
     max_sessions: int
     flash_attn: bool
@@ -254,6 +249,12 @@ class InfoResponse(ResponseModel):
     strategies: dict[str, bool] = Field(
         default_factory=lambda: dict(LOSSLESS),
         description="verification strategies, each mapped to whether it is lossless here",
+    )
+    # Last: 129 hashes, read by drafters, skimmed past by people.
+    vocab_text_hashes: dict[int, str] = Field(
+        default_factory=dict,
+        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
+        "of n_vocab: a drafter compares the range both vocabularies have",
     )
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -27,7 +30,7 @@ from server.verifier.security import ApiKeys, GuardMiddleware
 from server.verifier.settings import VerifierSettings, get_settings
 from server.verifier.state import AppState
 
-log = logging.getLogger("server")
+log = logging.getLogger(__name__)
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
@@ -57,7 +60,48 @@ def build_engine(settings: VerifierSettings) -> Engine:
     )
 
 
+def check_model_file(path: Path) -> None:
+    """What a wrong VERIFIER_MODEL_PATH looks like, found before anything else starts."""
+    if not path.is_file():
+        raise RuntimeError(
+            f"no model file at {path} (VERIFIER_MODEL_PATH): ./scripts/setup.sh prepares "
+            "the default pair, scripts/prepare_models.py others"
+        )
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise RuntimeError(f"{path} is not a GGUF file (VERIFIER_MODEL_PATH)")
+
+
+def describe_ready(engine: Engine) -> str:
+    report, shapes = engine.invariance, engine.shapes
+    exact = (
+        "exact"
+        if report.batch_invariant
+        else f"NOT exact (logits differ by {report.max_abs_diff:g})"
+    )
+    pinned = f", pinned at {shapes.pinned_width} rows a session" if shapes.pinned_width else ""
+    reuse = "on" if engine.sessions.min_reuse else "off"
+    return (
+        f"verifier ready: {engine.model_name} ({engine.runtime.quantization}), "
+        f"{engine.n_seq} sessions of {engine.n_ctx} tokens; greedy passes {exact}{pinned}; "
+        f"a pass costs {shapes.pass_cost_rows:.1f} rows; prompts in chunks of "
+        f"{engine.prompt_chunk}; prompt reuse {reuse}{listening()}"
+    )
+
+
+def listening() -> str:
+    """Where uvicorn listens, as its command line says (best effort: for the log)."""
+    args = sys.argv[1:]
+    if not any("server.main:app" in a for a in args):
+        return ""
+    host = args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+    port = args[args.index("--port") + 1] if "--port" in args[:-1] else "8000"
+    return f"; at http://{host}:{port}"
+
+
 async def _load_engine(state: AppState) -> None:
+    settings = state.settings
+    log.info("loading %s (the startup probe follows)", settings.model_path)
     try:
         engine = await asyncio.to_thread(build_engine, state.settings)
         state.scheduler = BatchScheduler(
@@ -69,10 +113,14 @@ async def _load_engine(state: AppState) -> None:
             inline_rounds=state.settings.inline_rounds,
         )
         state.engine = engine
-        log.info("verifier ready: %s", state.settings.model_path)
+        log.info("%s", describe_ready(engine))
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.error("could not load the verifier model: %s", state.load_error)
+        if not settings.wait_for_model:
+            # Nothing to serve: end the process (uvicorn stops as on Ctrl-C) rather than
+            # answer 503 forever.
+            signal.raise_signal(signal.SIGTERM)
 
 
 def create_app(settings: VerifierSettings | None = None) -> FastAPI:
@@ -80,6 +128,9 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        show_logs_as_uvicorn_does()
+        if not settings.wait_for_model:
+            check_model_file(settings.model_path)  # uvicorn exits non-zero on this
         metrics = VerifierMetrics(settings.max_sessions, settings.max_draft)
         state = AppState(settings=settings, metrics=metrics)
         app.state.verifier = state
@@ -133,6 +184,20 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
     )
     app.add_middleware(RequestMetricsMiddleware)
     return app
+
+
+def show_logs_as_uvicorn_does() -> None:
+    """The verifier's own log lines (loading, the probe's verdicts, ready) at the level
+    and in the shape uvicorn was started with (`--log-level`)."""
+    ours = logging.getLogger("server")
+    if ours.handlers:
+        return
+    uvicorn = logging.getLogger("uvicorn.error")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    ours.addHandler(handler)
+    ours.setLevel(uvicorn.getEffectiveLevel() if uvicorn.level else logging.INFO)
+    ours.propagate = False
 
 
 async def _reject(send, status: int, code: str, message: str) -> None:

@@ -145,7 +145,10 @@ async def send_error(
     headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     """The same error, from pure ASGI code (the guard, the /verify lane)."""
-    body = json.dumps(error_body(status_code, error_type, message)).encode()
+    # Rendered as JSONResponse renders: one format, whichever layer answers.
+    body = json.dumps(
+        error_body(status_code, error_type, message), ensure_ascii=False, separators=(",", ":")
+    ).encode()
     await send_json(send, status_code, body, headers)
 
 

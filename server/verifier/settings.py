@@ -107,6 +107,11 @@ class VerifierSettings(BaseSettings):
         "behind a balancer that checks replicas only by their connections (open-source "
         "nginx), a loading replica is then passed over instead of answering 503",
     )
+    wait_for_model: bool = Field(
+        False,
+        description="keep running (GET /health: 503) when the model file is missing or "
+        "does not load, instead of exiting with an error",
+    )
     verbose: bool = Field(False, description="print llama.cpp's own log to stderr")
 
 

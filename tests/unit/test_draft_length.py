@@ -57,8 +57,11 @@ def test_link_aware_expectation_is_the_geometric_model():
     length.observe(timing(5, 0.05, 0.02, 0.06))
     a = length.acceptance
     expected_tokens = (1 - a**4) / (1 - a)
-    seconds = 0.02 + length.verifier_s(4) + 3 * length._draft_s
+    seconds = 0.02 + length.verifier_s(4)
+    assert length.expected_tokens_per_s(3, ahead=True) == pytest.approx(expected_tokens / seconds)
+    seconds += 3 * length._draft_s  # drafted after the answer: its tokens wait
     assert length.expected_tokens_per_s(3) == pytest.approx(expected_tokens / seconds)
+    assert length.next(ahead=True) >= length.next()
 
 
 def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
