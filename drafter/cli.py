@@ -155,7 +155,7 @@ def generate(
         raise typer.Exit(130) from None  # the conventional status of SIGINT
 
 
-@app.command()
+@app.command(short_help="Serve an OpenAI-compatible API, decoded speculatively.")
 def serve(
     ctx: typer.Context,
     server: ServerOpt = None,

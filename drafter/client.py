@@ -1,9 +1,9 @@
 """HTTP client of the verifier: wire models in, wire models out, bytes counted.
 
 urllib3 carries the requests: keep-alive, TLS, proxies (`HTTPS_PROXY`, `NO_PROXY`), a
-balancer in the path and retries with backoff are its well-trodden ground. It costs a
-little more per round than the hand-written HTTP/1.1 client it replaced (issue 15's note
-has the figures), which is small beside a round's decode.
+balancer in the path and retries with backoff are its well-trodden ground. What it costs
+per round is measured by `scripts/bench_overhead.py` (docs/performance.md), and is small
+beside a round's decode.
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ class DrafterSettings(BaseSettings):
     # -- the draft model ---------------------------------------------------------------
     model: Path = Field(
         DEFAULT_DRAFTER_MODEL,
-        description="The draft model's GGUF file (any vocabulary: another one is drafted "
-        "through text).",
+        description="The draft model's GGUF file (generating, a vocabulary other than the "
+        "verifier's is drafted through text; `serve` needs the same or a compatible one).",
     )
     n_gpu_layers: int | None = Field(
         None,

@@ -13,8 +13,8 @@ and the tokens/s expected from the measured acceptance and times (Leviathan et a
 `run_expectation`), with the ratio measured/expected. Greedy throughout; every run's
 tokens are checked against the verifier alone.
 
-    python scripts/bench.py                 # the full grid, ~12 minutes here
-    python scripts/bench.py --quick         # one prompt, two delays, a smoke run
+    .venv/bin/python scripts/bench.py                 # the full grid (tens of minutes on 2 cores)
+    .venv/bin/python scripts/bench.py --quick         # one prompt, two delays, a smoke run
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from drafter.client import VerifierClient  # noqa: E402
+from scripts.harness.cli import HelpFormatter, first_paragraph  # noqa: E402
 from scripts.harness.delay_proxy import DelayProxy  # noqa: E402
 from scripts.harness.local import LocalVerifier  # noqa: E402
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
@@ -478,27 +479,86 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one prompt, 0 and 20 ms, k 4/auto")
-    parser.add_argument("--delays", default="0,5,20,50,100", help="added round trips, ms")
-    parser.add_argument("--ks", default="1,2,4,8,auto")
-    parser.add_argument("--prompts", default=",".join(PROMPTS))
-    parser.add_argument("--drafters", default="sequential,pipelined,speculative,ngram")
-    parser.add_argument("--p-mins", default="0", help="draft-model confidence cut-offs")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--verifier-model", type=Path, default=DEFAULT_VERIFIER_MODEL)
-    parser.add_argument("--drafter-model", type=Path, default=DEFAULT_DRAFTER_MODEL)
-    parser.add_argument("--verifier-core", type=int, default=1)
-    parser.add_argument("--drafter-core", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run: the edit prompt, delays 0 and 20 ms, k 4 and auto, 24 tokens "
+        "(overrides --delays, --ks, --prompts and --max-tokens).",
+    )
+    parser.add_argument(
+        "--delays",
+        default="0,5,20,50,100",
+        help="Round trips added by the delaying proxy, in ms, comma-separated (0: no proxy).",
+    )
+    parser.add_argument(
+        "--ks",
+        default="1,2,4,8,auto",
+        help="Draft lengths to try, comma-separated; 'auto' for the adaptive length.",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=",".join(PROMPTS),
+        help=f"Prompts to run, comma-separated, from: {', '.join(PROMPTS)}.",
+    )
+    parser.add_argument(
+        "--drafters",
+        default="sequential,pipelined,speculative,ngram",
+        help="Drafters to compare, comma-separated: sequential (the draft model, one round "
+        "at a time), pipelined (drafting ahead for the all-accepted answer), speculative "
+        "(drafting ahead for the likeliest four answers), ngram (prompt lookup).",
+    )
+    parser.add_argument(
+        "--p-mins",
+        default="0",
+        help="Draft-model confidence cut-offs to try, comma-separated: a draft stops where "
+        "its token's probability falls below one (0: off; n-gram rows ignore it).",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=64, help="Tokens to generate for each prompt."
+    )
+    parser.add_argument(
+        "--verifier-model",
+        type=Path,
+        default=DEFAULT_VERIFIER_MODEL,
+        help="GGUF file the local verifier serves.",
+    )
+    parser.add_argument(
+        "--drafter-model",
+        type=Path,
+        default=DEFAULT_DRAFTER_MODEL,
+        help="GGUF file of the draft model (also renders the chat prompts).",
+    )
+    parser.add_argument(
+        "--verifier-core",
+        type=int,
+        default=1,
+        help="CPU core the verifier is pinned to with taskset (unpinned on one core, or "
+        "without taskset).",
+    )
+    parser.add_argument(
+        "--drafter-core",
+        type=int,
+        default=0,
+        help="CPU core the drafter CLI is pinned to with taskset (unpinned on one core, or "
+        "without taskset).",
+    )
     parser.add_argument(
         "--out-dir",
         type=Path,
         default=REPO_ROOT / "bench-results" / "bench",
-        help="where the table, JSON and plots go (docs/performance holds the published run)",
+        help="Where the table (bench.md), the JSON (bench.json) and the plots go "
+        "(docs/performance holds the published run).",
     )
-    parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
-        "--replot", action="store_true", help="redraw the table and plots from --out-dir's JSON"
+        "--no-plots", action="store_true", help="Write the table and JSON but not the plots."
+    )
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="Run nothing: redraw the table and plots from the JSON in --out-dir.",
     )
     args = parser.parse_args(argv)
     if args.replot:

@@ -14,8 +14,8 @@ after the other in the same run:
 Each setup also answers a short fresh prompt, the time to first token to compare with.
 Verifier and drafter are pinned to one core each (`taskset`), one thread per model.
 
-    python scripts/bench_chat.py
-    python scripts/bench_chat.py --turns 2 --max-tokens 16     # a smoke run
+    .venv/bin/python scripts/bench_chat.py
+    .venv/bin/python scripts/bench_chat.py --turns 2 --max-tokens 16     # a smoke run
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from scripts.harness.cli import HelpFormatter, first_paragraph  # noqa: E402
 from scripts.harness.local import LocalServe, LocalVerifier  # noqa: E402
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
 
@@ -152,13 +153,44 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=len(TURNS), choices=range(1, 5))
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--verifier-model", type=Path, default=DEFAULT_VERIFIER_MODEL)
-    parser.add_argument("--drafter-model", type=Path, default=DEFAULT_DRAFTER_MODEL)
-    parser.add_argument("--verifier-core", type=int, default=1)
-    parser.add_argument("--drafter-core", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=len(TURNS),
+        choices=range(1, 5),
+        help="Conversation turns to replay: the long first message, then short follow-ups.",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=32, help="Tokens to generate at most per answer."
+    )
+    parser.add_argument(
+        "--verifier-model",
+        type=Path,
+        default=DEFAULT_VERIFIER_MODEL,
+        help="GGUF file the local verifiers serve.",
+    )
+    parser.add_argument(
+        "--drafter-model",
+        type=Path,
+        default=DEFAULT_DRAFTER_MODEL,
+        help="GGUF file of the draft model `serve` uses, unless the environment sets "
+        "DRAFTER_MODEL.",
+    )
+    parser.add_argument(
+        "--verifier-core",
+        type=int,
+        default=1,
+        help="CPU core the verifier is pinned to with taskset (unpinned without taskset).",
+    )
+    parser.add_argument(
+        "--drafter-core",
+        type=int,
+        default=0,
+        help="CPU core `serve` is pinned to with taskset (unpinned without taskset).",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DRAFTER_MODEL", str(args.drafter_model))
     rows: list[dict] = []

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from drafter.client import VerifierClient
+from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.delay_proxy import DelayProxy
 from scripts.harness.local import LocalVerifier
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
@@ -62,11 +63,37 @@ def rounds(url: str, n: int, draft: list[int]) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", action="append", default=[], help="see above (repeat)")
-    parser.add_argument("--delays", default="0", help="added round trips in ms, e.g. 0,20")
-    parser.add_argument("--rounds", type=int, default=200, help="rounds per row")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating passes over rows")
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="A verifier to measure (repeat for more): `name`, `name:VAR=value,...` (its "
+        "settings, e.g. VERIFIER_INLINE_ROUNDS=false), `name@DIR` (the verifier of the "
+        "checkout in DIR) or `name@DIR:VAR=value,...`; none given: this checkout's with its "
+        "default settings, named 'current'.",
+    )
+    parser.add_argument(
+        "--delays",
+        default="0",
+        help="Round trips added by the delaying proxy, in ms, comma-separated, e.g. 0,20 "
+        "(0: no proxy).",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=200,
+        help="Verify rounds per row and pass (rows: plain steps and 4-token drafts, for "
+        "each variant and delay).",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="Passes over all rows, alternating between variants so drift falls on all alike.",
+    )
     args = parser.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["current"])]
     delays = [float(d) for d in args.delays.split(",")]

@@ -3,7 +3,7 @@
 drafts through text, the time translation takes per round (committed text to the
 drafter's tokens, the draft back to the verifier's ids). A table, not a test.
 
-    python scripts/bench_pairs.py --server http://127.0.0.1:8000
+    .venv/bin/python scripts/bench_pairs.py --server http://127.0.0.1:8000
 Without --server it starts the default verifier on 127.0.0.1.
 """
 
@@ -20,6 +20,7 @@ from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from drafter.runner import load_verifier_vocab
 from drafter.translate import TranslatingDrafter
+from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.local import LocalVerifier
 from server.shared.defaults import MODELS_DIR
 from server.shared.protocol import PrefillRequest
@@ -39,11 +40,24 @@ DRAFTERS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", help="verifier URL (default: start one on 127.0.0.1)")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--draft-n", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--server",
+        help="URL of the verifier to draft against; None: start the default verifier on "
+        "127.0.0.1 with --threads threads.",
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=64, help="Tokens to generate for each prompt."
+    )
+    parser.add_argument("--draft-n", type=int, default=4, help="Tokens drafted per round (k).")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads per draft model, and for the verifier this script starts.",
+    )
     args = parser.parse_args()
     verifier = None
     url = args.server

@@ -4,7 +4,7 @@ killed (SIGKILL) mid-generation. For each session it prints how long its generat
 still (from the kill to its next committed round) beside its usual round time, its
 recoveries, and whether its output equals the verifier decoding alone. A table, not a test.
 
-    python scripts/failover.py --drafters 8 --tokens 64
+    .venv/bin/python scripts/failover.py --drafters 8 --tokens 64
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import httpx
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.load import PROMPTS
 from scripts.harness.metrics import Metrics
 from scripts.harness.replicas import LocalReplicas
@@ -41,10 +42,27 @@ def active_sessions(url: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--drafters", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64, help="tokens per generation")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per model")
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--drafters",
+        type=int,
+        default=8,
+        help="Concurrent drafters (one session each) spread over the three replicas.",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=64,
+        help="Tokens per generation (enough that no drafter ends before the kill).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads per model: each verifier replica's and the draft model's.",
+    )
     args = parser.parse_args()
     n = args.drafters
     env = {

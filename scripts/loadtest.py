@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from drafter.client import VerifierClient
+from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.load import PROMPTS, LevelResult, run_drafters
 from scripts.harness.local import LocalVerifier
 from scripts.harness.replicas import LocalReplicas
@@ -226,19 +227,56 @@ def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--drafters", default="1,8,16", help="drafter counts, e.g. 1,8,16")
-    parser.add_argument("--draft-n", default="4", help="k values, e.g. 4,auto")
-    parser.add_argument("--rounds", type=int, default=30, help="rounds per drafter")
-    parser.add_argument(
-        "--drafter", choices=["replay", "model"], default="replay", help="who drafts"
+    parser = argparse.ArgumentParser(
+        description=first_paragraph(__doc__), formatter_class=HelpFormatter
     )
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per model")
     parser.add_argument(
-        "--compare-with", help="another checkout of this repository whose verifier to run too"
+        "--drafters",
+        default="1,8,16",
+        help="Drafter counts to run, comma-separated, e.g. 1,8,16.",
     )
-    parser.add_argument("--fairness", action="store_true", help="add the two-key run")
-    parser.add_argument("--replicas", help="N verifiers behind nginx instead, e.g. 1,2,3")
+    parser.add_argument(
+        "--draft-n",
+        default="4",
+        help="Draft lengths (k) to run, comma-separated, e.g. 4,auto (the replica runs "
+        "always use 4).",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=30,
+        help="Verify rounds per drafter (three times as many in the fairness run's shared part).",
+    )
+    parser.add_argument(
+        "--drafter",
+        choices=["replay", "model"],
+        default="replay",
+        help="Who drafts: replay (the verifier's own tokens, every few wrong, at no "
+        "drafting cost) or model (the draft model, competing for this machine's cores).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads per model: the verifier's and the draft model's.",
+    )
+    parser.add_argument(
+        "--compare-with",
+        metavar="DIR",
+        help="Another checkout of this repository whose verifier to run too, in the same "
+        "table (not with --replicas); None: only this checkout's.",
+    )
+    parser.add_argument(
+        "--fairness",
+        action="store_true",
+        help="Add the two-key run: one drafter of key A beside eight of key B, whose "
+        "2,000-token prompt arrives meanwhile (not with --replicas).",
+    )
+    parser.add_argument(
+        "--replicas",
+        help="Replica counts to run instead, comma-separated, e.g. 1,2,3: that many "
+        "verifiers behind nginx per run; None: one verifier, no nginx.",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.drafters.split(",")]
     ks: list[object] = [x if x == "auto" else int(x) for x in args.draft_n.split(",")]

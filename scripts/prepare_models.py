@@ -231,11 +231,26 @@ def prepare(pair_name: str) -> None:
     say(f"pair {pair_name} ready")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help` with the description as written and every option's default."""
+
+
 def main() -> None:
     manifest = json.loads(MANIFEST.read_text())
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default=manifest["default_pair"], help="pair from the manifest")
-    parser.add_argument("--list", action="store_true", help="list the known pairs and exit")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--pair",
+        default=manifest["default_pair"],
+        help=f"Pair to prepare, by its name in models/manifest.json "
+        f"({', '.join(manifest['pairs'])}).",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="List the known pairs, their files and vocabularies, and exit.",
+    )
     args = parser.parse_args()
     if args.list:
         for name, pair in manifest["pairs"].items():

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Idempotent setup: .venv, editable install with test extras, default models prepared.
-# CMAKE_ARGS passes through to the llama-cpp-python build, e.g. CMAKE_ARGS="-DGGML_CUDA=on"
-# on a CUDA server (Metal is on by default on Apple Silicon).
+# Idempotent setup: .venv, an editable install, the default models prepared.
+# EXTRAS picks what is installed: test (the default: verifier, drafter, serve and the test
+# tools), server (a verifier machine), drafter or serve (a Mac). CMAKE_ARGS passes through
+# to the llama-cpp-python build, e.g. CMAKE_ARGS="-DGGML_CUDA=on" on a CUDA server (Metal
+# is on by default on Apple Silicon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-test}
 say() { echo "[setup] $*"; }
 
 if [ ! -x .venv/bin/python ]; then
@@ -16,15 +19,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # Reinstall only when the project's dependencies change.
-stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${CMAKE_ARGS:-}"
+stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS-${CMAKE_ARGS:-}"
 stamp=${stamp// /_}
 if [ ! -f "$stamp" ]; then
-    say "installing hetero-specdecode and its dependencies"
+    say "installing hetero-specdecode[$EXTRAS] and its dependencies"
     if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
         say "llama-cpp-python builds from source: about 10 minutes on 2 cores, once"
     fi
     .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip
-    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'
+    .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]"
     rm -f .venv/.installed-*
     touch "$stamp"
 else

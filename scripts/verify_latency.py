@@ -6,7 +6,7 @@ rounds with a k-token draft: the server's llama_decode time and the round trip s
 the client. With the prefix never re-evaluated, decode time should grow only with the
 attention over the cache, not with a re-read of the prompt.
 
-    python scripts/verify_latency.py --server http://127.0.0.1:8000 --k 4
+    .venv/bin/python scripts/verify_latency.py --server http://127.0.0.1:8000 --k 4
 """
 
 from __future__ import annotations
@@ -54,12 +54,30 @@ def measure(
     )
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help` with the description as written and every option's default."""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default="http://127.0.0.1:8000")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per round")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--lengths", default="16,128,512,1024,1800")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--server", default="http://127.0.0.1:8000", help="URL of the running verifier."
+    )
+    parser.add_argument("--k", type=int, default=4, help="Draft tokens per verify round.")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=20,
+        help="Verify rounds timed per context length (the table shows their medians).",
+    )
+    parser.add_argument(
+        "--lengths",
+        default="16,128,512,1024,1800",
+        help="Context lengths in tokens, comma-separated (one beyond the verifier's n_ctx "
+        "is skipped).",
+    )
     args = parser.parse_args()
     with VerifierClient(args.server) as client:
         info = client.info()

@@ -78,7 +78,7 @@ class ReferenceDecoder:
     """Greedy decoding with llama-cpp-python's high-level `Llama` and its own sampler.
 
     Independent of the engine's code, but in the engine's configuration (flash attention
-    on, prompts cut where the engine cuts them): see DESIGN.md, Numerics.
+    on, prompts cut where the engine cuts them): see docs/numerics.md.
     """
 
     def __init__(self, model: Path, prompt_chunk: int = 512):

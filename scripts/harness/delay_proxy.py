@@ -6,7 +6,8 @@ made here: each chunk read from one side is written to the other `delay_ms / 2` 
 in order, with no bandwidth limit. Timing uses perf_counter and short sleeps (asyncio's
 epoll timers round to whole milliseconds).
 
-    python scripts/harness/delay_proxy.py --target 127.0.0.1:8000 --listen-port 8001 --delay-ms 20
+    .venv/bin/python scripts/harness/delay_proxy.py --target 127.0.0.1:8000 \\
+        --listen-port 8001 --delay-ms 20
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -31,6 +32,9 @@ from server.verifier.settings import VerifierSettings, get_settings
 from server.verifier.state import AppState
 
 log = logging.getLogger(__name__)
+
+# The exit status of a verifier whose model did not load (uvicorn's own for a failed start).
+EXIT_MODEL_FAILED = 3
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
@@ -96,7 +100,8 @@ def listening() -> str:
         return ""
     host = args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
     port = args[args.index("--port") + 1] if "--port" in args[:-1] else "8000"
-    return f"; at http://{host}:{port}"
+    scheme = "https" if any(a.startswith("--ssl-certfile") for a in args) else "http"
+    return f"; at {scheme}://{host}:{port}"
 
 
 async def _load_engine(state: AppState) -> None:
@@ -147,6 +152,11 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
             await loading
             if state.scheduler is not None:
                 await asyncio.to_thread(state.scheduler.close)
+        if state.load_error and not settings.wait_for_model:
+            # uvicorn ends with status 0 once it has started, whatever stopped it; a
+            # verifier that never had a model failed, and says so to whoever started it.
+            logging.shutdown()
+            os._exit(EXIT_MODEL_FAILED)
 
     app = FastAPI(
         title="hetero-specdecode verifier",

@@ -1,8 +1,13 @@
 """The draft_token_generator CLI, in process (typer's CliRunner) against a real verifier."""
 
 import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from drafter.cli import app
@@ -16,21 +21,23 @@ def invoke(*args: str):
     return runner.invoke(app, [*args, "--threads", str(TEST_THREADS)])
 
 
-def test_help_lists_the_options():
-    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+def test_help_gives_every_option_a_sentence_and_its_whole_default():
+    result = runner.invoke(
+        app, ["--help"], env={"COLUMNS": "80"}, prog_name="draft_token_generator"
+    )
     assert result.exit_code == 0
-    for option in (
-        "--server",
-        "--model",
-        "--prompt",
-        "--draft-n",
-        "--max-tokens",
-        "--chat",
-        "--output",
-        "--n-gpu-layers",
-        "--baseline",
-    ):
-        assert option in result.stdout
+    text = " ".join(result.stdout.split())  # wrapped at 80 columns: join the lines
+    command = typer.main.get_command(app)
+    for param in command.params:
+        sentence = (param.help or "").split("  [default:")[0]
+        assert sentence.endswith((".", ".)")), param.name  # a whole sentence each
+        assert param.opts[0] in text
+    assert "--dgx" not in text
+    assert "[default: http://127.0.0.1:8000]" in text  # defaults are not cut off
+    assert "[default: models/smollm2-135m-instruct-q4_k_m.gguf]" in text
+    assert "(required to generate)" in text
+    assert "Usage: draft_token_generator [OPTIONS] [serve [OPTIONS]]" in text
+    assert "…" not in text and "..." not in text.split("Commands:")[1]
 
 
 def test_prompt_is_required():
@@ -116,12 +123,33 @@ def test_vocabulary_mismatch_names_both_models(live_verifier, tmp_path):
     assert "smollm2-135m-instruct-q8_0.gguf" in message
 
 
-def test_unreachable_verifier_is_a_clear_error():
-    result = invoke(
-        "--server", "http://127.0.0.1:9", "--prompt", "hi", "--timeout", "2", "--retries", "1"
-    )
+def test_a_verifier_not_running_is_named_at_once_without_urllib3_noise():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        result = invoke("--server", url, "--prompt", "hi")  # the default retries
     assert result.exit_code == 1
-    assert "cannot reach the verifier" in " ".join(result.output.split())
+    message = " ".join(result.output.split())
+    assert f"the verifier at {url} cannot be reached" in message
+    assert "Is the verifier running there" in message
+    assert "Retrying" not in result.output and "urllib3" not in result.output
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_decode(live_verifier):
+    """In a process of its own: llama.cpp writes its complaints to the file descriptor,
+    past any Python capture."""
+    script = Path(sys.executable).parent / "draft_token_generator"
+    long_prompt = "the cat sat on the mat and " * 400  # thousands of tokens; n_ctx is 1024
+    result = subprocess.run(
+        [str(script), "--server", live_verifier.url, "--prompt", long_prompt, "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert "the verifier's context holds 1024 tokens" in " ".join(result.stderr.split())
+    assert "decode" not in result.stdout + result.stderr
+    assert "llama" not in result.stderr.replace("llama.cpp", "")
 
 
 def test_missing_model_file_is_a_clear_error(live_verifier, tmp_path):

@@ -33,7 +33,7 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
         labels = {(row["drafter"], row["k"]) for row in block["rows"].values()}
         assert labels == {
             (drafter, k)
-            for drafter in ("model sequential", "model pipelined", "ngram")
+            for drafter in ("model sequential", "model pipelined", "model speculative (4)", "ngram")
             for k in ("4", "auto")
         }
         for row in block["rows"].values():

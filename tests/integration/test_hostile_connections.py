@@ -18,7 +18,7 @@ from tests.conftest import start_verifier, verifier_env
 
 pytestmark = pytest.mark.integration
 
-CLIENT_TIMEOUT_S = 2
+CLIENT_TIMEOUT_S = 5  # long beside opening a few dozen connections, short for a test
 MAX_CONNS = 20
 HOSTILE = "127.0.0.3"  # the hostile client's own address (all of 127/8 is loopback)
 
@@ -68,19 +68,25 @@ def a_round_is_answered(url: str) -> bool:
 
 def test_half_sent_requests_are_closed_and_capped_while_rounds_go_on(front):
     port = front.balancer.port
+    # Headers never finished: closed at the header timeout (nginx counts a connection
+    # against limit_conn only once its headers are read).
     half_headers = [
-        hostile_socket(port, b"POST /verify HTTP/1.1\r\nHost: x\r\n") for _ in range(40)
+        hostile_socket(port, b"POST /verify HTTP/1.1\r\nHost: x\r\n") for _ in range(10)
     ]
-    trickled = hostile_socket(
-        port,
-        b"POST /prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 100\r\n\r\n{",
-    )
+    # Headers whole, the body trickling: held until the body timeout, and beyond
+    # MAX_CONNS of them from one address, refused at once.
+    trickled = [
+        hostile_socket(
+            port,
+            b"POST /prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{",
+        )
+        for _ in range(MAX_CONNS + 10)
+    ]
     assert a_round_is_answered(front.url)  # another client is served meanwhile
-    answers = [ended(sock) for sock in [*half_headers, trickled]]
-    # Beyond MAX_CONNS from one address: refused at once; the rest closed at the timeout.
+    answers = [ended(sock) for sock in [*half_headers, *trickled]]
     refused = [a for a in answers if b" 429 " in a.split(b"\r\n")[0]]
-    assert len(refused) >= 40 + 1 - MAX_CONNS
+    assert len(refused) >= 10
     assert all(a == b"" or b" 408 " in a or b" 429 " in a for a in answers), answers
     assert a_round_is_answered(front.url)
 

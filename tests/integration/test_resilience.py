@@ -232,3 +232,48 @@ def test_a_replica_that_listens_after_loading_refuses_until_ready_and_exits_if_i
         assert "missing.gguf" in verifier.log_path.read_text()
     finally:
         verifier.stop()
+
+
+MODEL_PROBLEMS = {
+    "missing": (None, "no model file at"),
+    "not gguf": (b"<html>a download that went wrong</html>", "is not a GGUF file"),
+    "cut off": (b"GGUF\x03\x00\x00\x00", "could not load the verifier model"),
+}
+
+
+@pytest.mark.parametrize("problem", MODEL_PROBLEMS)
+def test_a_model_that_cannot_load_ends_the_verifier_with_the_reason(tmp_path, problem):
+    from scripts.harness.local import LocalVerifier
+
+    content, reason = MODEL_PROBLEMS[problem]
+    path = tmp_path / "model.gguf"
+    if content is not None:
+        path.write_bytes(content)
+    verifier = LocalVerifier({"VERIFIER_MODEL_PATH": str(path)})
+    try:
+        assert verifier.process.wait(timeout=120) == 3  # a guard, not a measure
+        log = verifier.log_path.read_text()
+        assert reason in log and "model.gguf" in log
+    finally:
+        verifier.stop()
+
+
+def test_told_to_wait_for_its_model_the_verifier_stays_up_and_health_says_why(tmp_path):
+    from scripts.harness.local import LocalVerifier
+
+    env = {"VERIFIER_MODEL_PATH": str(tmp_path / "later.gguf"), "VERIFIER_WAIT_FOR_MODEL": "1"}
+    verifier = LocalVerifier(env)
+    try:
+
+        def health() -> httpx.Response | None:
+            try:
+                return httpx.get(f"{verifier.url}/health", timeout=5)
+            except httpx.TransportError:
+                return None  # not listening yet
+
+        wait_for(lambda: (r := health()) is not None and r.json()["status"] == "error", 120)
+        answer = health()
+        assert answer.status_code == 503 and "later.gguf" in answer.json()["detail"]
+        assert verifier.process.poll() is None
+    finally:
+        verifier.stop()

@@ -1,5 +1,7 @@
 """The verifier's HTTP API on the real Q8_0 model, through FastAPI's TestClient."""
 
+import json
+
 import pytest
 
 from scripts.harness.metrics import Metrics
@@ -67,8 +69,13 @@ def test_the_vocabulary_file_loads_vocab_only_and_tokenizes_as_the_verifier(
     assert response.content[:4] == b"GGUF"
     assert len(response.content) < 4 << 20  # the tokenizer only, no weights
     assert response.headers["etag"] == f'"{client.get("/info").json()["vocab_hash"]}"'
-    again = client.get("/vocab", headers={"If-None-Match": response.headers["etag"]})
-    assert again.status_code == 304 and again.content == b""
+    etag = response.headers["etag"]
+    # RFC 9110: the tag itself, weak or strong, in a list, or "*" matches; another does not.
+    for none_match in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+        again = client.get("/vocab", headers={"If-None-Match": none_match})
+        assert again.status_code == 304 and again.content == b"", none_match
+        assert again.headers["etag"] == etag
+    assert client.get("/vocab", headers={"If-None-Match": '"other"'}).status_code == 200
     path = tmp_path / "verifier.vocab.gguf"
     path.write_bytes(response.content)
     vocab = LlamaVocab(path, vocab_only=True)
@@ -621,3 +628,39 @@ def test_the_vocabulary_file_is_built_once_however_many_ask_at_once(client, monk
         thread.join()
     assert len(bodies) == 3 and len(set(bodies)) == 1 and bodies[0][:4] == b"GGUF"
     assert len(builds) == 1
+
+
+def test_a_prefill_whose_client_hung_up_leaves_no_session(client, engine):
+    """The client is gone by the time the prompt is evaluated: nobody will ever learn the
+    session's id, so it must not hold a sequence until the idle TTL."""
+    session_id = "hung-up-prefill-session-0001"
+    body = json.dumps({"prompt": PROMPT, "session_id": session_id}).encode()
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+    sent: list[dict] = []
+
+    async def receive() -> dict:  # no await inside: answers at once, even when cancelled
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/prefill",
+        "raw_path": b"/prefill",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    client.portal.call(client.app, scope, receive, send)
+    engine.check_invariants()  # every sequence free, reserved or held: none leaked
+    assert_error(client.delete(f"/sessions/{session_id}"), 404, "session_not_found")
+    # The id is free again: a client that chose it and retries opens its session.
+    assert prefill(client, prompt=PROMPT, session_id=session_id)["session_id"] == session_id
+    assert client.delete(f"/sessions/{session_id}").status_code == 204

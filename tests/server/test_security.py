@@ -11,6 +11,7 @@ from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.server.conftest import wait_healthy
 
 KEY_A, KEY_B, KEY_FILE_KEY = "alpha-key-123", "bravo-key-456", "from-the-file-789"
+KEY_ADMIN = "admin-key-000"
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +26,7 @@ def secure(verifier_model, tmp_path_factory) -> Iterator[TestClient]:
         max_draft=8,
         api_keys=f"{KEY_A},{KEY_B}",
         api_key_file=key_file,
+        admin_api_keys=KEY_ADMIN,
         max_body_bytes=64 * 1024,
     )
     with TestClient(create_app(settings)) as client:
@@ -89,6 +91,15 @@ def test_wrong_keys_are_401(secure, method, path, body, headers):
 )
 def test_each_way_of_giving_a_valid_key(secure, headers):
     assert secure.get("/info", headers=headers).status_code == 200
+
+
+def test_metrics_need_an_admin_key_which_opens_the_rest_too(secure):
+    refused = secure.get("/metrics", headers=bearer(KEY_A))
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"
+    assert "VERIFIER_ADMIN_API_KEYS" in refused.json()["error"]["message"]
+    assert secure.get("/metrics", headers=bearer(KEY_ADMIN)).status_code == 200
+    assert secure.get("/info", headers=bearer(KEY_ADMIN)).status_code == 200
+    assert_401(secure.get("/metrics", headers=bearer("not-a-key")))
 
 
 def test_health_stays_open(secure):
