@@ -17,7 +17,7 @@ import contextlib
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -85,9 +85,11 @@ class SpeculativeLoop:
         pipeline: bool = False,
         branches: int = 4,
         vocab: str = "same",
+        clock: Callable[[], float] = time.perf_counter,
     ):
         """`pipeline`: draft while rounds are out, for up to `branches` likely answers
-        (1: only every token accepted and the drafter's own guess after them)."""
+        (1: only every token accepted and the drafter's own guess after them). `clock`
+        times everything the loop learns from (tests give one that stands still)."""
         if isinstance(draft_n, int):
             if draft_n < 0:
                 raise ValueError("draft_n must be >= 0")
@@ -97,7 +99,8 @@ class SpeculativeLoop:
         self.draft_length = draft_n
         self.n_ctx = n_ctx
         self.pipeline = pipeline
-        self.speculation = SpeculationCache(drafter, branches) if pipeline else None
+        self.clock = clock
+        self.speculation = SpeculationCache(drafter, branches, clock=clock) if pipeline else None
         self.vocab = vocab
         self.result = SpeculativeResult()
         self._chosen_id: str | None = None
@@ -120,7 +123,7 @@ class SpeculativeLoop:
         prefill = prefill.model_copy(update={"session_id": self._chosen_id})
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
-        began = time.perf_counter()
+        began = self.clock()
         try:
             opened = self._open(prefill, sender)
         except BaseException:
@@ -131,13 +134,13 @@ class SpeculativeLoop:
             raise
         session = [opened.session_id]  # a recovery replaces it
         try:
-            self._opened(opened, time.perf_counter() - began)
+            self._opened(opened, self.clock() - began)
             yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
             if sender is not None:
                 sender.shutdown(wait=True)
             stats = self.result.stats
-            stats.total_time_s = time.perf_counter() - began
+            stats.total_time_s = self.clock() - began
             stats.bytes_sent = self.verifier.bytes_sent - sent0
             stats.bytes_received = self.verifier.bytes_received - received0
             if self.speculation is not None:
@@ -164,7 +167,7 @@ class SpeculativeLoop:
         ready: Draft | None = None  # the next round's draft, made while this one was out
         lost_in_a_row = 0
         while (k := self._next_k(committed, max_tokens, ahead=ready is not None)) is not None:
-            drafting = time.perf_counter()
+            drafting = self.clock()
             if ready is not None:  # made for this answer; k may have changed since
                 draft = Draft(
                     ready.tokens[:k],
@@ -173,7 +176,7 @@ class SpeculativeLoop:
                 )
             else:
                 draft = self.drafter.get_candidates(committed, k)
-            draft_s = time.perf_counter() - drafting
+            draft_s = self.clock() - drafting
             result.stats.draft_time_s += draft_s
             if draft.tokens and not draft.reused:
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
@@ -293,9 +296,9 @@ class SpeculativeLoop:
         return in_flight.result()
 
     def _timed_verify(self, request: VerifyRequest) -> tuple[VerifyResponse, float]:
-        began = time.perf_counter()
+        began = self.clock()
         verdict = self.verifier.verify(request)
-        return verdict, time.perf_counter() - began
+        return verdict, self.clock() - began
 
     def _prefill(self, request: PrefillRequest) -> PrefillResponse:
         try:

@@ -177,7 +177,11 @@ class DraftModel:
                     token = sample(q, self._rng)
                 else:
                     token = int(np.argmax(logits))
-                if self.policy.p_min > 0 and _confidence(logits, token, q) < self.policy.p_min:
+                # Only argmax drafts stop on confidence: a sampled draft cut off by its own
+                # value is no longer drawn from the q it sends, and rejection sampling
+                # would then follow another law than the verifier's.
+                p_min = self.policy.p_min
+                if not sampled and p_min > 0 and _confidence(logits, token) < p_min:
                     break
                 draft_tokens.append(token)
                 draft_probs.append(q)
@@ -340,9 +344,7 @@ class DraftModel:
         return logits
 
 
-def _confidence(logits: np.ndarray, token: int, q: np.ndarray | None) -> float:
-    """The draft model's probability of its own draft (from q when it sampled)."""
-    if q is not None:
-        return float(q[token])
+def _confidence(logits: np.ndarray, token: int) -> float:
+    """The draft model's probability of its own draft."""
     shifted = np.exp(logits - logits.max())
     return float(shifted[token] / shifted.sum())

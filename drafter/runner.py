@@ -29,6 +29,8 @@ from server.shared.runtime import LlamaError, LlamaVocab
 
 # The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
 DRAFTER_CTX_MARGIN = 256
+# What `auto` drafts with a seed (a fixed length, so that the run repeats).
+SEEDED_DRAFT_N = 4
 
 
 class Renderer(Protocol):
@@ -155,12 +157,16 @@ def candidate_generator(
 
 
 def draft_length(settings: DrafterSettings, info: InfoResponse) -> DraftLength:
-    """`auto`: HF's schedule for a model's drafts, doubling for prompt lookup's (see
-    drafter/draft_length.py)."""
+    """`auto`: the link-aware cost model for a model's drafts, doubling for prompt
+    lookup's (see drafter/draft_length.py)."""
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n)
     if settings.drafter == DrafterKind.ngram:
         return DoublingLength(maximum=info.max_draft)
+    if settings.sampling.seed is not None:
+        # The length decides how many random draws a round takes on both sides, and the
+        # cost model follows measured times, which vary: a seeded run must repeat.
+        return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
     return LinkAwareLength(maximum=info.max_draft)
 
 

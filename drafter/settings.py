@@ -90,8 +90,8 @@ class DrafterSettings(BaseSettings):
         "auto",
         description="Tokens drafted per round, or 'auto': with the model, the k with the "
         "most tokens per second expected from this generation's acceptance, verifier "
-        "time, link time and drafting time; with prompt lookup, x2 after a whole draft "
-        "was accepted, else one past what was.",
+        "time, link time and drafting time (4 with --seed, so that the run repeats); "
+        "with prompt lookup, x2 after a whole draft was accepted, else one past what was.",
     )
     drafter: DrafterKind = Field(
         DrafterKind.model,
@@ -115,7 +115,7 @@ class DrafterSettings(BaseSettings):
         ge=0.0,
         le=1.0,
         description="Stop a draft where the draft model's probability of its token falls "
-        "below this (0: off).",
+        "below this (0: off; drafts sampled for rejection sampling are never cut).",
     )
     # -- one generation (the default command) ------------------------------------------
     prompt: str | None = Field(None, description="The prompt text (required to generate).")

@@ -39,6 +39,7 @@ class SpeculationCounts:
 class SpeculationCache:
     drafter: CandidateGenerator
     max_branches: int = 4
+    clock: Callable[[], float] = time.perf_counter
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
     _drafts: dict[tuple[int, int], Draft] = field(default_factory=dict)
     _last: tuple[int, int] | None = None  # the branch drafted last (the drafter's own state)
@@ -59,14 +60,14 @@ class SpeculationCache:
         self._last = None
         if k <= 0:
             return
-        began = time.perf_counter()
+        began = self.clock()
         self.counts.rounds += 1
         ranked = getattr(self.drafter, "likely_answers", None)
         if ranked is None or self.max_branches <= 1:
             self._ahead_for_all_accepted(committed, draft, k, stop)
             return
         for n, (accepted, token) in enumerate(ranked(committed, draft, self.max_branches)):
-            spent = time.perf_counter() - began
+            spent = self.clock() - began
             if stop() or (n and spent + (k + 1) * token_s > wait_s):
                 return
             branch = [*committed, *draft[:accepted], token]

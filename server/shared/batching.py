@@ -55,8 +55,9 @@ class Piece:
 
 def decode_pieces(runtime: DecodingRuntime, pieces: Sequence[Piece]) -> list[np.ndarray]:
     """One llama_decode of every piece, in the order given; each piece's logits rows.
-    If it fails, every piece's cells from its start are removed and the error raised:
-    the sequences are as they were."""
+    If it fails, or a piece's padding or filler cells cannot be removed after it, every
+    piece's cells from its start are removed and the error raised: the sequences are as
+    they were."""
     entries = []
     for piece in pieces:
         wanted = set(piece.logits)
@@ -70,13 +71,22 @@ def decode_pieces(runtime: DecodingRuntime, pieces: Sequence[Piece]) -> list[np.
         for piece in pieces:
             forget(runtime, piece.seq_id, piece.start)
         raise
-    out, row = [], 0
+    out, row, refused = [], 0, None
     for piece in pieces:
         n = len(piece.logits)
         out.append(rows[row : row + n])
         row += n
         if piece.kept < len(piece.tokens):
-            runtime.remove(piece.seq_id, piece.start + piece.kept)
+            try:
+                runtime.remove(piece.seq_id, piece.start + piece.kept)
+            except Exception as exc:  # the other pieces' shaping cells go all the same
+                refused = refused or exc
+    if refused is not None:
+        # A shaping cell left behind would sit in a sequence, perhaps another key's: the
+        # decode is undone as a failed one is, and raised.
+        for piece in pieces:
+            forget(runtime, piece.seq_id, piece.start)
+        raise refused
     return out
 
 

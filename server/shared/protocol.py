@@ -143,6 +143,9 @@ class PrefillResponse(ResponseModel):
         description="prompt tokens taken from a cached prefix of the same API key, not "
         "evaluated again",
     )
+    # Not on the wire: the verifier's own record of the session this response opened, so
+    # that undoing it never ends another session opened since under the same id.
+    _session: object = PrivateAttr(default=None)
 
 
 class VerifyRequest(WireModel):

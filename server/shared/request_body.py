@@ -41,16 +41,6 @@ async def read_body(receive: Callable[[], Awaitable[dict]], max_bytes: int) -> b
             return b"".join(chunks)
 
 
-def _again(first: dict, receive: Callable[[], Awaitable[dict]]):
-    """`receive`, with a message already received given back first."""
-    pending = [first]
-
-    async def receive_again() -> dict:
-        return pending.pop() if pending else await receive()
-
-    return receive_again
-
-
 class BodyLimit:
     def __init__(self, app, *, max_bytes: int, timeout_s: float, reject: Reject):
         self.app = app
@@ -71,14 +61,10 @@ class BodyLimit:
                 if declared > self.max_bytes:
                     return await self.reject(send, 413, "payload_too_large", too_large)
         try:
-            first = await receive()
-            if first["type"] == "http.request" and not first.get("more_body", False):
-                # The whole body came with the headers (any small request): no timer.
-                body = first.get("body", b"")
-                body = body if len(body) <= self.max_bytes else None
-            else:
-                async with asyncio.timeout(self.timeout_s):
-                    body = await read_body(_again(first, receive), self.max_bytes)
+            # From the headers on: a client that sends headers and never a byte of its
+            # body is held to the same limit as one that trickles it.
+            async with asyncio.timeout(self.timeout_s):
+                body = await read_body(receive, self.max_bytes)
         except TimeoutError:
             scope.setdefault("state", {})["body_timeout"] = True
             return await self.reject(

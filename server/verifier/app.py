@@ -122,9 +122,10 @@ async def _load_engine(state: AppState) -> None:
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
         log.error("could not load the verifier model: %s", state.load_error)
-        if not settings.wait_for_model:
-            # Nothing to serve: end the process (uvicorn stops as on Ctrl-C) rather than
-            # answer 503 forever.
+        if not settings.wait_for_model and not settings.listen_after_load:
+            # Nothing to serve: end the process (uvicorn stops as on Ctrl-C, and the
+            # lifespan ends it with EXIT_MODEL_FAILED) rather than answer 503 forever.
+            # Listening after the load, the failed startup itself ends it.
             signal.raise_signal(signal.SIGTERM)
 
 

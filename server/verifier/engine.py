@@ -302,9 +302,10 @@ class Engine:
     def delete_session(self, session_id: str, owner: str | None = None) -> None:
         self.sessions.delete(session_id, owner)
 
-    def discard_session(self, session_id: str) -> None:
-        """End a session if it still exists (cleanup paths, where eviction may have won)."""
-        self.sessions.discard(session_id)
+    def discard_session(self, session_id: str, opened: PrefillResponse | None = None) -> None:
+        """End a session if it still exists (cleanup paths, where eviction may have won);
+        with `opened`, only the session that response opened."""
+        self.sessions.discard(session_id, only=None if opened is None else opened._session)
 
     def check_invariants(self) -> None:
         self.sessions.check()
@@ -375,7 +376,7 @@ class Engine:
         del self._prefills[session.seq_id]
         self.sessions.activate(session)
         work.closed = True
-        return PrefillResponse(
+        opened = PrefillResponse(
             session_id=session.session_id,
             prompt_ids=list(session.tokens),
             prompt_len=session.prompt_len,
@@ -384,6 +385,8 @@ class Engine:
             lossless=self.lossless(session.strategy),
             cached_tokens=work.reused,
         )
+        opened._session = session
+        return opened
 
     def _fail(self, work: Work, exc: BaseException) -> APIError:
         """Undo a job: a round leaves its session as before it; a prompt frees its sequence.

@@ -56,13 +56,18 @@ async def generate(
                 eos = True
                 break
     finally:
-        await scheduler.call(lambda: engine.discard_session(prefill.session_id), prefill.session_id)
+        await scheduler.call(
+            lambda: engine.discard_session(prefill.session_id, prefill),
+            prefill.session_id,
+            owner,
+            finishing=True,
+        )
     ended = time.perf_counter()
     decode_s = ended - prompt_done
     return GenerateResponse(
         prompt_ids=prefill.prompt_ids,
         tokens=tokens,
-        text=await scheduler.call(lambda: engine.detokenize(tokens)),
+        text=await scheduler.call(lambda: engine.detokenize(tokens), owner=owner, finishing=True),
         eos=eos,
         timings=GenerateTimings(
             prompt_ms=round((prompt_done - began) * 1000.0, 3),

@@ -45,6 +45,18 @@ async def record_round(state: AppState, request: VerifyRequest, response: Verify
     state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
 
 
+def json_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether FastAPI would read the body as JSON: no Content-Type, or application/json
+    or application/*+json."""
+    for name, value in headers:
+        if name == b"content-type":
+            kind = value.split(b";", 1)[0].strip().lower()
+            return kind == b"application/json" or (
+                kind.startswith(b"application/") and kind.endswith(b"+json")
+            )
+    return True
+
+
 class VerifyFastPath:
     """Pure ASGI: POST /verify answered here, everything else passed on."""
 
@@ -52,8 +64,13 @@ class VerifyFastPath:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or route_path(scope) != PATH:
-            return await self.app(scope, receive, send)
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or route_path(scope) != PATH
+            or not json_body(scope["headers"])
+        ):
+            return await self.app(scope, receive, send)  # the route answers as it would
         scope["route"] = self
         message = await receive()  # the body limit has read it whole: one message
         if message["type"] != "http.request":
@@ -61,8 +78,13 @@ class VerifyFastPath:
         state: AppState = scope["app"].state.verifier
         owner = scope.get("state", {}).get("key_id", "anonymous")
         routing = [v.decode("latin-1") for k, v in scope["headers"] if k == ROUTING_HEADER]
+        body = message.get("body", b"")
         try:
-            request = VerifyRequest.model_validate_json(message.get("body", b""))
+            if not body:  # what FastAPI says of a missing body
+                raise ValidationError.from_exception_data(
+                    "VerifyRequest", [{"type": "missing", "loc": ("body",), "input": None}]
+                )
+            request = VerifyRequest.model_validate_json(body)
             response = await answer_round(state, request, routing, owner)
         except ValidationError as exc:
             return await send_error(send, *describe_validation(exc.errors()))

@@ -17,8 +17,8 @@ the session table (DELETE, expiry, eviction) never touch a session with work que
 ahead of them.
 
 The queue is shared fairly: a key may fill at most its part of it (`max_queue` divided
-among the keys with work queued, and one more), so one key's flood gets 503 before
-another key's round is refused.
+among the keys with work queued, and one more), and a key with nothing queued always gets
+in, so however many keys flood it, another key's round is never refused.
 """
 
 from __future__ import annotations
@@ -151,12 +151,19 @@ class BatchScheduler:
         return await _result(future)
 
     async def call(
-        self, fn: Callable[[], Any], session_id: str | None = None, owner: str = "anonymous"
+        self,
+        fn: Callable[[], Any],
+        session_id: str | None = None,
+        owner: str = "anonymous",
+        finishing: bool = False,
     ) -> Any:
         """Run engine work that needs no decode (delete, detokenize) on the engine thread,
-        after any work queued before it for `session_id`."""
+        after any work queued before it for `session_id`. Work `finishing` a request that
+        was admitted (its last step, freeing what it leaves) is never refused for a full
+        queue: refused, it would waste the request's work or hold a sequence until the
+        idle TTL."""
         job = Job(Future(), owner, session_id, call=fn)
-        self._enqueue(job)
+        self._enqueue(job, admit=not finishing)
         return await _result(job.future)
 
     @property
@@ -195,7 +202,7 @@ class BatchScheduler:
 
     # -- queueing -----------------------------------------------------------------------
 
-    def _enqueue(self, job: Job, wake: bool = True) -> None:
+    def _enqueue(self, job: Job, wake: bool = True, admit: bool = True) -> None:
         with self._wake:
             if self._stopping:
                 raise ServerFull("the verifier is shutting down")
@@ -203,21 +210,24 @@ class BatchScheduler:
                 raise EngineInterrupted(
                     "the engine thread has stopped; the verifier needs a restart"
                 )
-            self._admit(job.owner)
+            if admit:
+                self._admit(job.owner)
             self._queue.append(job)
             self.metrics.queue_depth.set(len(self._queue))
             if wake:
                 self._wake.notify()
 
     def _admit(self, owner: str) -> None:
-        """Under the queue's lock: refuse (503) when the queue is full, or when this key
-        holds its part already: the queue divided among the keys with work in it and one
-        more, so that a key arriving always finds room."""
+        """Under the queue's lock: refuse (503) a key that has work queued already when
+        the queue is full or the key holds its part of it (the queue divided among the
+        keys with work in it and one more). A key with nothing queued always gets in, so
+        however many keys flood, another key's round is never refused: the queue goes
+        past `max_queue` by at most one request a key."""
         queued = Counter(job.owner for job in self._queue)
         total = len(self._queue)
         others = len(set(queued) - {owner})
         part = max(1, self.max_queue // (others + 2))
-        if total >= self.max_queue or queued[owner] >= part:
+        if queued[owner] and (total >= self.max_queue or queued[owner] >= part):
             self.metrics.rejected_full.inc()
             raise ServerFull(
                 f"the queue is full ({total} requests waiting, {queued[owner]} of them this "

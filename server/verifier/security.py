@@ -98,12 +98,12 @@ class GuardMiddleware:
                     "a valid API key is needed (Authorization: Bearer KEY or X-API-Key: KEY)",
                     [(b"www-authenticate", b"Bearer")],
                 )
-            if path in ADMIN_PATHS and self.keys.enabled and not admin:
+            if path in ADMIN_PATHS and (self.keys.enabled or self.admin_keys.enabled) and not admin:
                 return await send_error(
                     send,
                     403,
                     "forbidden",
-                    f"{path} needs an admin key (VERIFIER_ADMIN_API_KEYS) when API keys are on",
+                    f"{path} needs an admin key (VERIFIER_ADMIN_API_KEYS) when keys are on",
                 )
         scope.setdefault("state", {})["key_id"] = key_id
         return await self.app(scope, receive, send)

@@ -161,8 +161,9 @@ class SessionTable:
         return seq_id, 0
 
     def _make_room(self, owner: str, keep: set[str]) -> None:
-        """Free one sequence, from the key furthest over its share (the asking key counts
-        the one it asks for): a cached prefix first, else an idle session."""
+        """Free one sequence, as the module says: from the keys over their share, the
+        furthest over first (the asking key counts the one it asks for), then from the
+        asking key itself; a cached prefix first, else an idle session."""
         held, share = self.held(), self.share(owner)
         held[owner] += 1
         over = sorted(
@@ -170,14 +171,15 @@ class SessionTable:
             key=lambda key: (held[key] - share, key != owner),
             reverse=True,
         )
-        for key in over:
+        givers = over if owner in over else [*over, owner]
+        for key in givers:
             for seq_id, prefix in self._cached.items():
                 if prefix.owner == key:
                     del self._cached[seq_id]
                     self.dropped_prefixes += 1
                     self._free_seq(seq_id)
                     return
-        for key in over:
+        for key in givers:
             for session in self._live.values():
                 if session.owner == key and session.work is None and session.session_id not in keep:
                     log.info("evicting the least recently used idle session of a key")
@@ -190,7 +192,8 @@ class SessionTable:
                 "with a round in progress; retry shortly"
             )
         raise ServerFull(
-            f"all {self.max_sessions} sessions are in use by keys within their share; retry shortly"
+            f"all {self.max_sessions} sessions are busy or held by keys within their share; "
+            "retry shortly"
         )
 
     def _take_prefix(self, owner: str, prompt: Sequence[int]) -> tuple[int, int] | None:
@@ -249,11 +252,18 @@ class SessionTable:
             raise SessionBusy(f"session {session_id!r} has a round in progress; retry")
         self._release(session, keep_prefix=True)
 
-    def discard(self, session_id: str, keep_prefix: bool = True) -> bool:
+    def discard(
+        self, session_id: str, keep_prefix: bool = True, only: object | None = None
+    ) -> bool:
         """End a session if it still exists and is idle (cleanup paths); True if it did.
-        `keep_prefix=False` when its cells may not match its tokens."""
+        `keep_prefix=False` when its cells may not match its tokens; `only`: end it only if
+        it is that very session (not another opened since under the same id)."""
         session = self._live.get(session_id)
-        if session is None or session.work is not None:
+        if (
+            session is None
+            or session.work is not None
+            or (only is not None and session is not only)
+        ):
             return False
         self._release(session, keep_prefix=keep_prefix)
         return True

@@ -89,8 +89,8 @@ class VerifierSettings(BaseSettings):
     api_key_file: Path | None = Field(None, description="file with one API key per line")
     admin_api_keys: str = Field(
         "",
-        description="comma-separated keys that may also read /metrics, which other keys "
-        "may not when API keys are on (metrics describe every key's traffic)",
+        description="comma-separated keys that may also read /metrics; with any key set "
+        "(API or admin), /metrics needs one of these (it describes every key's traffic)",
     )
     max_body_bytes: int = Field(
         4 << 20, ge=1024, description="largest request body; larger gets 413"

@@ -44,6 +44,6 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
             assert row["overhead_ms"] >= float(delay)
     table = (tmp_path / "bench.md").read_text()
     # Two tables (pooled, then per task): a header and one row per config and delay each.
-    assert table.count("\n| ") == 2 * (1 + 2 * 6)
+    assert table.count("\n| ") == 2 * (1 + 2 * 8)
     for png in ("speedup_vs_k.png", "speedup_vs_delay.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -91,14 +91,15 @@ def test_half_sent_requests_are_closed_and_capped_while_rounds_go_on(front):
     assert a_round_is_answered(front.url)
 
 
-def test_on_the_verifier_itself_a_body_too_slow_is_a_408(verifier_model):
+@pytest.mark.parametrize("body_sent", [b'{"prompt":', b""], ids=["part of it", "none of it"])
+def test_on_the_verifier_itself_a_body_too_slow_is_a_408(verifier_model, body_sent):
     verifier = start_verifier(verifier_model, body_timeout_s=CLIENT_TIMEOUT_S)
     try:
         began = time.monotonic()
         sock = socket.create_connection(("127.0.0.1", verifier.port), timeout=60)
         sock.sendall(
             b"POST /prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b'Content-Length: 100\r\n\r\n{"prompt":'
+            b"Content-Length: 100\r\n\r\n" + body_sent
         )
         answer = ended(sock)
         assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer

@@ -224,12 +224,15 @@ def test_a_replica_that_listens_after_loading_refuses_until_ready_and_exits_if_i
     to load must not sit in the ring answering 503: it ends, with the reason logged."""
     from scripts.harness.local import LocalVerifier
 
-    env = {"VERIFIER_MODEL_PATH": str(tmp_path / "missing.gguf"), "VERIFIER_LISTEN_AFTER_LOAD": "1"}
-    verifier = LocalVerifier(env)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00")  # a GGUF cut off: it fails in the load
+    verifier = LocalVerifier(
+        {"VERIFIER_MODEL_PATH": str(broken), "VERIFIER_LISTEN_AFTER_LOAD": "1"}
+    )
     try:
-        assert verifier.process.wait(timeout=120) != 0  # a guard, not a measure
+        assert verifier.process.wait(timeout=120) == 3  # a guard, not a measure; no signal
         assert not verifier.healthy()
-        assert "missing.gguf" in verifier.log_path.read_text()
+        assert "broken.gguf" in verifier.log_path.read_text()
     finally:
         verifier.stop()
 

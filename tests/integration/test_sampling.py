@@ -240,3 +240,19 @@ def test_rejection_needs_valid_draft_probs(live_verifier):
     )
     assert ok.status_code == 200, ok.text
     httpx.delete(f"{live_verifier.url}/sessions/{opened.session_id}")
+
+
+def test_a_confidence_cut_never_shortens_a_sampled_draft(draft_model, prompt_ids):
+    """A sampled draft stopped by its own value would not be drawn from the q it sends,
+    and rejection sampling would follow another law: p_min applies to argmax drafts only."""
+    k = 6
+    for seed in range(20):
+        draft_model.configure(
+            DraftPolicy(sampling_for(seed), sample_drafts=True, seed=seed, p_min=0.999)
+        )
+        draft = draft_model.get_candidates(prompt_ids, k)
+        ended = draft.tokens and draft_model.runtime.is_eog(draft.tokens[-1])
+        assert len(draft.tokens) == k or ended, (seed, draft.tokens)
+    draft_model.configure(DraftPolicy(sampling_for(None), sample_drafts=False, p_min=0.999))
+    assert len(draft_model.get_candidates(prompt_ids, k).tokens) < k  # the cut is on
+    draft_model.configure(DraftPolicy(sampling_for(None), sample_drafts=False))

@@ -664,3 +664,50 @@ def test_a_prefill_whose_client_hung_up_leaves_no_session(client, engine):
     # The id is free again: a client that chose it and retries opens its session.
     assert prefill(client, prompt=PROMPT, session_id=session_id)["session_id"] == session_id
     assert client.delete(f"/sessions/{session_id}").status_code == 204
+
+
+@pytest.fixture(scope="module")
+def routed(verifier_model):
+    """The same verifier with POST /verify answered by its FastAPI route."""
+    from fastapi.testclient import TestClient
+
+    from server.verifier.app import create_app
+    from server.verifier.settings import VerifierSettings
+    from tests.conftest import TEST_N_CTX, TEST_THREADS
+    from tests.server.conftest import wait_healthy
+
+    settings = VerifierSettings(
+        model_path=verifier_model,
+        n_ctx=TEST_N_CTX,
+        n_threads=TEST_THREADS,
+        max_sessions=2,
+        max_draft=MAX_DRAFT,
+        verify_fast_path=False,
+    )
+    with TestClient(create_app(settings)) as test_client:
+        wait_healthy(test_client)
+        yield test_client
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"", {"content-type": "application/json"}),
+        (b'{"session_id": "s", "n_past": 1}', {"content-type": "text/plain"}),
+        (
+            b'{"session_id": "s", "n_past": 1}',
+            {"content-type": "application/x-www-form-urlencoded"},
+        ),
+        (b'{"session_id": "s", "n_past": "1"}', {"content-type": "application/json"}),
+        (b"{not json", {"content-type": "application/json"}),
+        (b'{"session_id": "s", "n_past": 1}', {"content-type": "application/json; charset=utf-8"}),
+    ],
+)
+def test_the_fast_path_answers_bad_input_as_the_route_does(client, routed, content, headers):
+    fast = client.post("/verify", content=content, headers=headers)
+    route = routed.post("/verify", content=content, headers=headers)
+    assert (fast.status_code, fast.json()["error"]["type"]) == (
+        route.status_code,
+        route.json()["error"]["type"],
+    )
+    assert fast.status_code in (400, 404, 422)

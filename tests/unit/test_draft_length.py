@@ -107,3 +107,24 @@ def test_parse_draft_n():
     for bad in ("-1", "many", "1.5", "257"):
         with pytest.raises(ValueError):
             parse_draft_n(bad)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, LinkAwareLength),
+        ({"drafter": "ngram"}, DoublingLength),
+        ({"drafter": "ngram", "seed": 3}, DoublingLength),  # follows acceptance only
+        ({"seed": 3, "temperature": 0.7}, FixedLength),  # timings vary: a seed must repeat
+        ({"draft_n": "6"}, FixedLength),
+    ],
+)
+def test_what_auto_means_for_each_drafter(options, expected):
+    from drafter.runner import SEEDED_DRAFT_N, draft_length
+    from drafter.settings import DrafterSettings
+
+    info = type("Info", (), {"max_draft": 16})()
+    length = draft_length(DrafterSettings(**options), info)
+    assert isinstance(length, expected)
+    if "seed" in options and expected is FixedLength:
+        assert length.next() == SEEDED_DRAFT_N

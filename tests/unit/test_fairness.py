@@ -176,6 +176,59 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
     assert_consistent(runtime, engine, scheduler)
 
 
+def test_however_many_keys_flood_the_queue_another_keys_round_gets_in():
+    runtime, engine, scheduler = build(max_sessions=4, max_queue=12)
+
+    async def scenario():
+        dave = await opened(scheduler, "dave's session", "dave")
+        flood = [
+            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=f"{key} {i}"), key))
+            for key in ("amy", "bob", "cat")
+            for i in range(12)
+        ]
+        await asyncio.sleep(0)
+        assert scheduler.queue_depth >= 12  # the queue is full of the three keys' work
+        tokens = await one_round(scheduler, dave, "dave")  # admitted, and answered
+        assert tokens == runtime.reference_greedy(dave["ids"], 1)
+        while not all(task.done() for task in flood):
+            scheduler.run_pass()
+            await answers_cross()
+        for task in flood:
+            assert task.exception() is None or isinstance(task.exception(), ServerFull)
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_key_within_its_share_gives_up_its_own_prefix_when_the_others_are_busy():
+    runtime, engine, scheduler = build(max_sessions=4)
+
+    async def scenario():
+        bob = [await opened(scheduler, f"bob's session {i}", "bob") for i in range(3)]
+        alice = await opened(scheduler, "alice's earlier conversation", "alice")
+        engine.delete_session(alice["id"], "alice")  # kept as alice's cached prefix
+        rounds = [
+            asyncio.ensure_future(
+                scheduler.verify(VerifyRequest(session_id=b["id"], n_past=b["n_past"]), "bob")
+            )
+            for b in bob
+        ]
+        prompt = asyncio.ensure_future(
+            scheduler.prefill(PrefillRequest(prompt="something else entirely"), "alice")
+        )
+        await asyncio.sleep(0)
+        while not (prompt.done() and all(r.done() for r in rounds)):
+            scheduler.run_pass()  # bob's rounds begin first: none of his sessions is idle
+            await answers_cross()
+        assert prompt.result().cached_tokens == 0
+        assert engine.sessions.cached_prefixes == {}  # alice's own prefix made the room
+        assert engine.sessions.held() == {"alice": 1, "bob": 3}
+        assert all(r.exception() is None for r in rounds)
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
 def test_a_round_waits_at_most_one_chunk_of_another_keys_long_prompt():
     runtime, engine, scheduler = build(max_sessions=4, prompt_chunk=16)
 

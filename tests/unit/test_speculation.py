@@ -15,6 +15,10 @@ from drafter.speculation import SpeculationCache
 from tests.unit.test_loop import FakeVerifier, GatedVerifier, NoisyDrafter, run, target_alone
 
 
+def STILL() -> float:
+    return 0.0
+
+
 class RankingDrafter(NoisyDrafter):
     """Drafts the target's tokens, one in `wrong_every` wrong, and ranks answers: the
     verifier's real answer among its guesses when `knows` is true, never when false."""
@@ -43,7 +47,8 @@ def test_when_the_answer_was_drafted_for_the_next_round_goes_at_once(wrong_every
     verifier = GatedVerifier()
     drafter = RankingDrafter(verifier, wrong_every, knows=True)
     loop = verifier.gated(
-        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True)
+        # A clock that stands still: no answer is ever outside the wait's time budget.
+        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True, clock=STILL)
     )
     _, result = run(loop, [5, 6, 7], 60)
     assert result.tokens == target_alone([5, 6, 7], 60, FakeVerifier())
@@ -59,7 +64,7 @@ def test_when_it_was_not_the_round_is_drafted_as_usual_and_the_output_is_the_sam
     verifier = GatedVerifier()
     drafter = RankingDrafter(verifier, 3, knows=False)
     loop = verifier.gated(
-        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True)
+        SpeculativeLoop(drafter, verifier, draft_n=4, n_ctx=10_000, pipeline=True, clock=STILL)
     )
     _, result = run(loop, [5, 6, 7], 40)
     assert result.tokens == target_alone([5, 6, 7], 40, FakeVerifier())
@@ -116,3 +121,25 @@ def test_a_draft_cut_short_by_the_answer_is_left_to_the_drafter_to_finish():
     assert set(cache._drafts) == {(1, 0), (1, 1)}
     assert cache.take(1, 1, 3) is None  # the last, short: the drafter continues it
     assert cache.counts.hits == 1 and cache.counts.sent_at_once == 0
+
+
+def test_answers_are_drafted_for_only_while_the_expected_wait_leaves_time():
+    now = {"t": 0.0}
+
+    def clock() -> float:
+        return now["t"]
+
+    drafter = SampledDrafter()
+    made = drafter.get_candidates
+
+    def drafting(committed, k, stop=None):
+        now["t"] += 0.010 * k  # 10 ms a token
+        return made(committed, k)
+
+    drafter.get_candidates = drafting
+    cache = SpeculationCache(drafter, max_branches=4, clock=clock)
+    # k = 3: each answer costs 40 ms by the estimate; 95 ms of wait leaves room for the
+    # first (always drafted), the second (30 + 40 <= 95), not the third (60 + 40 > 95).
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False, wait_s=0.095, token_s=0.010)
+    assert set(cache._drafts) == {(2, 0), (2, 1)}
+    assert cache.counts.branches == 2

@@ -30,7 +30,10 @@ async def prefill(request: PrefillRequest, scheduler: SchedulerDep, http: Reques
         # until the idle TTL. (A client that chose the id and retries finds it free.)
         engine = scheduler.engine
         await scheduler.call(
-            lambda: engine.discard_session(opened.session_id), opened.session_id, owner
+            lambda: engine.discard_session(opened.session_id, opened),
+            opened.session_id,
+            owner,
+            finishing=True,
         )
     return model_json(opened)
 
