@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         default=REPO_ROOT / "bench-results" / "bench",
         help="Where the table (bench.md), the JSON (bench.json) and the plots go "
-        "(docs/performance holds the published run).",
+        "(docs/performance.md says how the published figures were made).",
     )
     parser.add_argument(
         "--no-plots", action="store_true", help="Write the table and JSON but not the plots."

@@ -1,3 +1,4 @@
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -20,17 +21,21 @@ def wait_healthy(client: TestClient, timeout: float = 60.0) -> None:
     raise AssertionError(f"verifier not healthy: {client.get('/health').json()}")
 
 
+@contextlib.contextmanager
+def verifier_client(verifier_model, **settings) -> Iterator[TestClient]:
+    """The verifier app on the real model, loaded and probed; `settings` over the tests'."""
+    defaults = {"n_ctx": TEST_N_CTX, "n_threads": TEST_THREADS, "max_sessions": 4}
+    app = create_app(
+        VerifierSettings(model_path=verifier_model, max_draft=MAX_DRAFT, **defaults | settings)
+    )
+    with TestClient(app) as test_client:
+        wait_healthy(test_client)
+        yield test_client
+
+
 @pytest.fixture(scope="module")
 def client(verifier_model) -> Iterator[TestClient]:
-    settings = VerifierSettings(
-        model_path=verifier_model,
-        n_ctx=TEST_N_CTX,
-        n_threads=TEST_THREADS,
-        max_sessions=4,
-        max_draft=MAX_DRAFT,
-    )
-    with TestClient(create_app(settings)) as test_client:
-        wait_healthy(test_client)
+    with verifier_client(verifier_model) as test_client:
         yield test_client
 
 

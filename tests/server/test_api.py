@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scripts.harness.metrics import Metrics
-from tests.server.conftest import MAX_DRAFT
+from tests.server.conftest import MAX_DRAFT, verifier_client
 
 PROMPT = "The three primary colours are"
 
@@ -669,24 +669,8 @@ def test_a_prefill_whose_client_hung_up_leaves_no_session(client, engine):
 @pytest.fixture(scope="module")
 def routed(verifier_model):
     """The same verifier with POST /verify answered by its FastAPI route."""
-    from fastapi.testclient import TestClient
-
-    from server.verifier.app import create_app
-    from server.verifier.settings import VerifierSettings
-    from tests.conftest import TEST_N_CTX, TEST_THREADS
-    from tests.server.conftest import wait_healthy
-
-    settings = VerifierSettings(
-        model_path=verifier_model,
-        n_ctx=TEST_N_CTX,
-        n_threads=TEST_THREADS,
-        max_sessions=2,
-        max_draft=MAX_DRAFT,
-        verify_fast_path=False,
-    )
-    with TestClient(create_app(settings)) as test_client:
-        wait_healthy(test_client)
-        yield test_client
+    with verifier_client(verifier_model, max_sessions=2, verify_fast_path=False) as client:
+        yield client
 
 
 @pytest.mark.parametrize(

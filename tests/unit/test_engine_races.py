@@ -31,6 +31,7 @@ from server.verifier.errors import (
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
+from tests.fixtures.stepped import stepped_scheduler
 
 MAX_DRAFT = 8
 
@@ -40,14 +41,7 @@ def build(
 ) -> tuple[FakeRuntime, Engine, BatchScheduler]:
     runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=n_batch)
     engine = Engine(runtime, max_draft=MAX_DRAFT)
-    scheduler = BatchScheduler(
-        engine,
-        VerifierMetrics(max_sessions, MAX_DRAFT),
-        max_queue=64,
-        session_ttl_s=ttl_s,
-        inline_rounds=inline,
-        start=False,
-    )
+    scheduler = stepped_scheduler(engine, session_ttl_s=ttl_s, inline=inline)
     return runtime, engine, scheduler
 
 
@@ -606,14 +600,7 @@ def test_a_prompt_is_cut_at_the_same_places_however_busy_the_engine():
     def chunks_and_answer(busy: bool):
         runtime = FakeRuntime(n_batch=64, kernel=switches_by_rows(seq_rows=12, pass_rows=999))
         engine = Engine(runtime, max_draft=MAX_DRAFT, prompt_chunk=16)
-        scheduler = BatchScheduler(
-            engine,
-            VerifierMetrics(4, MAX_DRAFT),
-            max_queue=64,
-            session_ttl_s=600,
-            inline_rounds=False,
-            start=False,
-        )
+        scheduler = stepped_scheduler(engine)
 
         async def scenario():
             others = [await open_session(scheduler, f"other {i}") for i in range(2)] if busy else []

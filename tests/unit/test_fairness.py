@@ -8,9 +8,8 @@ import asyncio
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine
 from server.verifier.errors import ServerFull
-from server.verifier.metrics import VerifierMetrics
-from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime
+from tests.fixtures.stepped import stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 MAX_DRAFT = 4
@@ -25,15 +24,7 @@ def build(max_sessions: int = 4, max_queue: int = 64, prompt_chunk: int = 0, **e
         prompt_chunk=prompt_chunk,
         **engine,
     )
-    scheduler = BatchScheduler(
-        engine,
-        VerifierMetrics(max_sessions, MAX_DRAFT),
-        max_queue=max_queue,
-        session_ttl_s=600,
-        inline_rounds=False,
-        start=False,
-    )
-    return runtime, engine, scheduler
+    return runtime, engine, stepped_scheduler(engine, max_queue=max_queue)
 
 
 async def answers_cross() -> None:

@@ -10,9 +10,8 @@ import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine
-from server.verifier.metrics import VerifierMetrics
-from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
+from tests.fixtures.stepped import stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 MAX_DRAFT = 6
@@ -22,15 +21,7 @@ PROMPT = "a prompt long enough for several chunks of the pinned width, and then 
 def build(pin_shapes: str = "auto"):
     runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256, kernel=switches_by_rows())
     engine = Engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
-    scheduler = BatchScheduler(
-        engine,
-        VerifierMetrics(4, MAX_DRAFT),
-        max_queue=64,
-        session_ttl_s=600,
-        inline_rounds=False,
-        start=False,
-    )
-    return runtime, engine, scheduler
+    return runtime, engine, stepped_scheduler(engine)
 
 
 async def drive(scheduler, *calls):
