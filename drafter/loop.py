@@ -274,6 +274,8 @@ class SpeculativeLoop:
             self.speculation.prepare(
                 committed, draft.tokens, k, in_flight.done, self._wait_s, self._token_s
             )
+        elif self.speculation is not None:
+            self.speculation.forget()
         verdict, round_trip_s = in_flight.result()
         ready = None
         left = max_tokens - len(self.result.tokens) - len(verdict.tokens)

@@ -28,11 +28,16 @@ from drafter.candidates import CandidateGenerator, Draft
 @dataclass
 class SpeculationCounts:
     rounds: int = 0  # rounds during which drafts were made ahead
+    answered: int = 0  # of those, rounds whose answer was looked up (not the last, an EOS)
     branches: int = 0  # (n, t) answers a draft was made for
     hits: int = 0  # answers found in the cache
     sent_at_once: int = 0  # of those, drafts long enough to send with no drafting
     drafted: int = 0  # tokens drafted ahead
     used: int = 0  # of those, tokens sent
+    # Rounds whose answer was the r-th likeliest the drafter ranked (r from 0), drafted
+    # for or not: the hit rate a drafter that drafts for r + 1 answers in the same time
+    # (a batched decode on a GPU) would have.
+    answer_ranks: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,6 +48,8 @@ class SpeculationCache:
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
     _drafts: dict[tuple[int, int], Draft] = field(default_factory=dict)
     _last: tuple[int, int] | None = None  # the branch drafted last (the drafter's own state)
+    _ranked: list[tuple[int, int]] = field(default_factory=list)  # this round's, likeliest first
+    _prepared: bool = False  # drafts were made for the round now out
 
     def prepare(
         self,
@@ -56,17 +63,18 @@ class SpeculationCache:
         """Draft `k` tokens ahead for the likeliest answers to `draft`, until `stop()`:
         another answer only while the wait expected (`wait_s`, learned from the recent
         rounds) leaves time for its `k` + 1 tokens at `token_s` each."""
-        self._drafts.clear()
-        self._last = None
+        self.forget()
         if k <= 0:
             return
         began = self.clock()
         self.counts.rounds += 1
+        self._prepared = True
         ranked = getattr(self.drafter, "likely_answers", None)
         if ranked is None or self.max_branches <= 1:
             self._ahead_for_all_accepted(committed, draft, k, stop)
             return
-        for n, (accepted, token) in enumerate(ranked(committed, draft, self.max_branches)):
+        self._ranked = list(ranked(committed, draft, self.max_branches))
+        for n, (accepted, token) in enumerate(self._ranked):
             spent = self.clock() - began
             if stop() or (n and spent + (k + 1) * token_s > wait_s):
                 return
@@ -77,18 +85,33 @@ class SpeculationCache:
     def take(self, accepted: int, token: int, k: int) -> Draft | None:
         """The draft made for this answer, at most `k` long; None on a miss (or when the
         draft must be finished: the drafter continues it cheaply, its state is there)."""
-        made = self._drafts.pop((accepted, token), None)
-        self._drafts.clear()
+        if not self._prepared:
+            return None
+        answer, ranked, drafts, last = (accepted, token), self._ranked, self._drafts, self._last
+        self.forget()
+        self.counts.answered += 1
+        if answer in ranked:
+            rank = ranked.index(answer)
+            self.counts.answer_ranks[rank] = self.counts.answer_ranks.get(rank, 0) + 1
+        made = drafts.get(answer)
         if made is None:
             return None
         self.counts.hits += 1
-        if len(made.tokens) < k and (accepted, token) == self._last:
+        if len(made.tokens) < k and answer == last:
             return None  # cut short by the answer: the drafter picks up where it was
         tokens = list(made.tokens[:k])
         probs = None if made.probs is None else list(made.probs[:k])
         self.counts.sent_at_once += 1
         self.counts.used += len(tokens)
         return Draft(tokens, probs, len(tokens))
+
+    def forget(self) -> None:
+        """Drop what was drafted ahead: before the next round's, or when a round goes out
+        with nothing drafted for it (whatever is kept belongs to an earlier one)."""
+        self._drafts = {}
+        self._ranked = []
+        self._last = None
+        self._prepared = False
 
     def _ahead_for_all_accepted(
         self, committed: Sequence[int], draft: Sequence[int], k: int, stop: Callable[[], bool]
@@ -98,6 +121,7 @@ class SpeculationCache:
             return
         guess, *rest = ahead.tokens
         probs = None if ahead.probs is None else list(ahead.probs[1:])
+        self._ranked = [(len(draft), guess)]
         self._keep((len(draft), guess), Draft(rest, probs))
 
     def _keep(self, answer: tuple[int, int], made: Draft) -> None:

@@ -26,15 +26,19 @@ class GenerationStats:
     verifier_time_s: float = 0.0  # the verifier's own time for those rounds (engine_ms)
     # How many rounds sent each draft length (k varies: auto, n-gram misses, the end).
     rounds_by_draft_len: dict[int, int] = field(default_factory=dict)
-    # Drafting ahead (drafter/speculation.py): rounds during which it drafted, answers it
-    # drafted for, answers it had drafted for, rounds sent with no drafting at all,
-    # tokens drafted ahead, and of those the ones never sent.
+    # Drafting ahead (drafter/speculation.py): rounds during which it drafted, of those the
+    # ones whose answer it looked up (not the last round, nor one that ended in EOS),
+    # answers it drafted for, answers it had drafted for, rounds sent with no drafting at
+    # all, tokens drafted ahead, and of those the ones never sent.
     speculated_rounds: int = 0
+    speculated_rounds_answered: int = 0
     speculated_answers: int = 0
     speculation_hits: int = 0
     rounds_sent_at_once: int = 0
     drafted_ahead: int = 0
     wasted_ahead: int = 0
+    # Rounds whose answer was the drafter's r-th likeliest (drafter/speculation.py).
+    answer_ranks: dict[int, int] = field(default_factory=dict)
 
     # The rates below, reported beside the counts.
     DERIVED: ClassVar[tuple[str, ...]] = (
@@ -59,11 +63,21 @@ class GenerationStats:
     def add_speculation(self, counts) -> None:
         """The speculation cache's counts (drafter.speculation.SpeculationCounts)."""
         self.speculated_rounds += counts.rounds
+        self.speculated_rounds_answered += counts.answered
         self.speculated_answers += counts.branches
         self.speculation_hits += counts.hits
         self.rounds_sent_at_once += counts.sent_at_once
         self.drafted_ahead += counts.drafted
         self.wasted_ahead += counts.drafted - counts.used
+        for rank, rounds in counts.answer_ranks.items():
+            self.answer_ranks[rank] = self.answer_ranks.get(rank, 0) + rounds
+
+    def hit_rate_within(self, answers: int) -> float:
+        """Rounds whose answer was among the drafter's `answers` likeliest, of the rounds
+        drafted ahead for: the hit rate of a drafter that drafts for that many."""
+        found = sum(n for rank, n in self.answer_ranks.items() if rank < answers)
+        answered = self.speculated_rounds_answered
+        return found / answered if answered else 0.0
 
     @property
     def answers_per_round(self) -> float:
@@ -72,8 +86,10 @@ class GenerationStats:
 
     @property
     def speculation_hit_rate(self) -> float:
-        """Rounds whose answer had been drafted for, of the rounds drafted ahead for."""
-        return self.speculation_hits / self.speculated_rounds if self.speculated_rounds else 0.0
+        """Rounds whose answer had been drafted for, of the rounds drafted ahead for whose
+        answer was looked up."""
+        answered = self.speculated_rounds_answered
+        return self.speculation_hits / answered if answered else 0.0
 
     @property
     def acceptance_rate(self) -> float:

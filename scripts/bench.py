@@ -70,10 +70,14 @@ SUM_KEYS = (
     "bytes_sent",
     "bytes_received",
     "speculated_rounds",
+    "speculated_rounds_answered",
     "speculated_answers",
     "speculation_hits",
     "rounds_sent_at_once",
 )
+
+
+RANKS = (1, 2, 4)  # hit rates reported for drafting for this many likeliest answers
 
 
 @dataclass(frozen=True)
@@ -104,10 +108,14 @@ class Totals:
         default_factory=lambda: dict.fromkeys((*SUM_KEYS, "expected_tokens", "expected_s"), 0.0)
     )
     identical: bool = True
+    # Rounds whose answer was the drafter's r-th likeliest (drafter/speculation.py).
+    answer_ranks: dict[int, int] = field(default_factory=dict)
 
     def add(self, stats: dict) -> None:
         for key in SUM_KEYS:
             self.values[key] += stats.get(key, 0)
+        for rank, rounds in stats.get("answer_ranks", {}).items():
+            self.answer_ranks[int(rank)] = self.answer_ranks.get(int(rank), 0) + rounds
         tokens, seconds = run_expectation(stats)
         self.values["expected_tokens"] += tokens
         self.values["expected_s"] += seconds
@@ -162,6 +170,8 @@ class Baseline(NamedTuple):
 
 def summarize(t: Totals, baseline: Baseline) -> dict[str, float]:
     rounds = t.rounds or 1.0
+    # Rounds whose answer the speculation cache looked up (older JSON: every one it drafted for).
+    answered = t.speculated_rounds_answered or t.speculated_rounds
     tokens_per_s = t.generated_tokens / t.total_time_s if t.total_time_s else 0.0
     decode_s = t.total_time_s - t.prefill_time_s
     decode_tokens_per_s = t.generated_tokens / decode_s if decode_s > 0 else 0.0
@@ -178,14 +188,26 @@ def summarize(t: Totals, baseline: Baseline) -> dict[str, float]:
         else 0.0,
         "bytes_per_round": (t.bytes_sent + t.bytes_received) / rounds,
         "overhead_ms": (t.round_trip_s - t.verifier_time_s) * 1000.0 / rounds,
+        "decode_tokens_per_s": decode_tokens_per_s,
+        # Drafting on the critical path per drafted token: the draft model's cost per
+        # token only in the sequential rows, where every draft is made after the answer.
+        "draft_ms_per_token": 1000.0 * t.draft_time_s / t.drafted if t.drafted else 0.0,
+        "round_trip_ms": 1000.0 * t.round_trip_s / rounds,
         "expected_tokens_per_s": expected,
         "measured_over_expected": tokens_per_s / expected if expected else 0.0,
         "pipeline_hit_rate": t.reused_drafts / t.drafted if t.drafted else 0.0,
-        "hit_rate": t.speculation_hits / t.speculated_rounds if t.speculated_rounds else 0.0,
+        "hit_rate": t.speculation_hits / answered if answered else 0.0,
         "answers_per_round": t.speculated_answers / t.speculated_rounds
         if t.speculated_rounds
         else 0.0,
         "sent_at_once": t.rounds_sent_at_once / rounds,
+        # The hit rate had the drafter drafted for its first r ranked answers every round.
+        "hit_rate_within": {
+            str(r): sum(n for rank, n in t.answer_ranks.items() if rank < r) / answered
+            if answered
+            else 0.0
+            for r in RANKS
+        },
     }
 
 
@@ -364,6 +386,7 @@ def run_delay(url: str, configs: list[Config], prompts: dict, ids: dict, args) -
         rows[key] = {
             "drafter": config.label,
             "k": config.k,
+            "branches": config.branches if config.pipeline else 0,
             "identical": totals.identical,
             **summarize(totals, baseline),
             "per_prompt": per_prompt,
@@ -380,6 +403,14 @@ def run_delay(url: str, configs: list[Config], prompts: dict, ids: dict, args) -
 # -- reporting ---------------------------------------------------------------------------
 
 
+def within(row: dict) -> str:
+    """Hit rates within the first 1/2/4 ranked answers; a dash past the answers the row's
+    drafter ranks (pipelined: one), none for a drafter that does not draft ahead."""
+    rates = row.get("hit_rate_within", {})
+    ranked = row.get("branches", max(RANKS))
+    return "/".join(f"{rates.get(str(r), 0):.2f}" if r <= ranked else "-" for r in RANKS)
+
+
 def markdown(results: dict) -> str:
     meta = results["meta"]
     lines = [
@@ -390,9 +421,9 @@ def markdown(results: dict) -> str:
         "",
         "| added RTT ms (measured) | drafter | k | acceptance | tokens/round | tokens/s "
         "| verifier alone tok/s | speedup | decode speedup | bytes/round | overhead ms/round "
-        "| answers drafted for/round | hit rate | sent at once "
+        "| answers drafted for/round | hit rate | answer among likeliest 1/2/4 | sent at once "
         "| expected tok/s | measured/expected | identical |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for delay, block in results["delays"].items():
         for row in block["rows"].values():
@@ -403,7 +434,8 @@ def markdown(results: dict) -> str:
                 f"| {row['speedup']:.2f}x | {row.get('decode_speedup', 0):.2f}x "
                 f"| {row['bytes_per_round']:.0f} "
                 f"| {row['overhead_ms']:.2f} | {row.get('answers_per_round', 0):.1f} "
-                f"| {row.get('hit_rate', 0):.2f} | {row.get('sent_at_once', 0):.2f} "
+                f"| {row.get('hit_rate', 0):.2f} | {within(row)} "
+                f"| {row.get('sent_at_once', 0):.2f} "
                 f"| {row['expected_tokens_per_s']:.1f} "
                 f"| {row['measured_over_expected']:.2f} | {'yes' if row['identical'] else 'NO'} |"
             )
@@ -426,7 +458,61 @@ def markdown(results: dict) -> str:
             lines.append(
                 f"| {float(delay):g} | {row['drafter']} | {row['k']} | " + " | ".join(cells) + " |"
             )
+    lines += projection_lines(results)
     return "\n".join(lines) + "\n"
+
+
+def batched_drafter_tokens_per_s(row: dict, sequential: dict, hit_rate: float) -> float:
+    """Tokens/s after the prompt, on paper, of a drafter whose batched decode drafts for
+    several answers in the time of one (a GPU drafter, where a decode of a few sequences
+    costs about what one does; assumed, not measured here). A round whose answer was
+    drafted for goes out once both the answer and that draft are there; any other waits
+    for its draft after the answer. Tokens per round and draft length are the
+    speculative row's; the draft cost per token and the round trip are the sequential
+    row's, where nothing else drafts on the drafter's core meanwhile."""
+    draft_ms = row["k_mean"] * sequential["draft_ms_per_token"]
+    round_ms = max(sequential["round_trip_ms"], draft_ms) + (1.0 - hit_rate) * draft_ms
+    return 1000.0 * row["tokens_per_round"] / round_ms if round_ms > 0 else 0.0
+
+
+def projection_lines(results: dict) -> list[str]:
+    """The paper table: for each speculative row, what drafting for its first 1, 2 or 4
+    ranked answers at once would give, beside what this machine measured."""
+    lines = [
+        "",
+        "On paper (computed from the rows above, not measured): a drafter whose batched "
+        "decode drafts for its first B ranked answers in the time of one, with this run's "
+        "acceptance, draft lengths and hit rates within B, and the sequential row's draft "
+        "cost per token and round trip. Tokens/s after the prompt.",
+        "",
+        "| added RTT ms | drafter | k | B = 1 | B = 2 | B = 4 | measured: pipelined "
+        "| measured: speculative | verifier alone |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for delay, block in results["delays"].items():
+        rows = block["rows"]
+        for row in rows.values():
+            branches = row.get("branches", 1)
+            mode = f"speculative ({branches})"
+            if mode not in row["drafter"]:
+                continue
+            # The same drafter and p_min, one answer at a time and pipelined.
+            sequential = rows.get(f"{row['drafter'].replace(mode, 'sequential')} k={row['k']}")
+            pipelined = rows.get(f"{row['drafter'].replace(mode, 'pipelined')} k={row['k']}")
+            if sequential is None or "round_trip_ms" not in row:
+                continue
+            cells = [
+                batched_drafter_tokens_per_s(row, sequential, row["hit_rate_within"][str(b)])
+                for b in RANKS
+            ]
+            measured = f"{pipelined['decode_tokens_per_s']:.1f}" if pipelined else "n/a"
+            lines.append(
+                f"| {float(delay):g} | {row['drafter']} | {row['k']} | "
+                + " | ".join(f"{c:.1f}" for c in cells)
+                + f" | {measured} | {row['decode_tokens_per_s']:.1f} "
+                f"| {block['baseline_decode_tokens_per_s']:.1f} |"
+            )
+    return lines
 
 
 def plot(results: dict, out_dir: Path) -> list[Path]:
@@ -573,10 +659,11 @@ def main(argv: list[str] | None = None) -> None:
         args.verifier_core = args.drafter_core = None
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = run_grid(args)
+    # The measurements first: a table or plot that fails can be redrawn (--replot).
+    (args.out_dir / "bench.json").write_text(json.dumps(results, indent=1))
     table = markdown(results)
     print(table)
     (args.out_dir / "bench.md").write_text(table)
-    (args.out_dir / "bench.json").write_text(json.dumps(results, indent=1))
     if not args.no_plots:
         for path in plot(results, args.out_dir):
             print(f"wrote {path}")

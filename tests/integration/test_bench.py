@@ -42,8 +42,20 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
             assert row["decode_speedup"] > 0
             assert 0.0 <= row["acceptance"] <= 1.0
             assert row["overhead_ms"] >= float(delay)
+            within = [row["hit_rate_within"][b] for b in ("1", "2", "4")]
+            if row["drafter"] == "model speculative (4)":
+                # Its answers were ranked every round it drafted ahead; a hit is an
+                # answer among those it drafted for.
+                assert row["hit_rate"] <= within[-1] <= 1.0
+            elif row["drafter"] == "model pipelined":
+                # One answer drafted for, the one it ranks: every hit is that answer.
+                assert row["hit_rate"] == within[0] == within[-1]
+            else:
+                assert row["hit_rate"] == within[-1] == 0.0  # never drafts ahead
     table = (tmp_path / "bench.md").read_text()
-    # Two tables (pooled, then per task): a header and one row per config and delay each.
-    assert table.count("\n| ") == 2 * (1 + 2 * 8)
+    # Two tables (pooled, then per task): a header and one row per config and delay each;
+    # then the paper table: a header and one row per speculative config and delay.
+    assert table.count("\n| ") == 2 * (1 + 2 * 8) + (1 + 2 * 2)
+    assert "On paper" in table
     for png in ("speedup_vs_k.png", "speedup_vs_delay.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

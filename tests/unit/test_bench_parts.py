@@ -10,9 +10,12 @@ from scripts.bench import (
     Baseline,
     Totals,
     acceptance_estimate,
+    batched_drafter_tokens_per_s,
     expected_tokens_per_round,
+    projection_lines,
     run_expectation,
     summarize,
+    within,
 )
 from scripts.harness.delay_proxy import DelayProxy
 
@@ -135,3 +138,59 @@ def test_no_delay_is_a_plain_forwarder_and_negative_is_refused(echo_server):
     assert got == b"x" * 100
     with pytest.raises(ValueError):
         DelayProxy(echo_server, delay_ms=-1)
+
+
+SEQUENTIAL = {"draft_ms_per_token": 20.0, "round_trip_ms": 100.0}
+
+
+def test_a_batched_drafter_saves_the_draft_of_every_round_it_hit():
+    speculative = {"k_mean": 4.0, "tokens_per_round": 3.0}
+    # A miss: 100 ms for the answer, then 80 ms for the draft; a hit: the answer only.
+    assert batched_drafter_tokens_per_s(speculative, SEQUENTIAL, 0.0) == pytest.approx(
+        3000.0 / 180.0
+    )
+    assert batched_drafter_tokens_per_s(speculative, SEQUENTIAL, 1.0) == pytest.approx(30.0)
+    assert batched_drafter_tokens_per_s(speculative, SEQUENTIAL, 0.5) == pytest.approx(
+        3000.0 / 140.0
+    )
+    # A draft longer than the wait: a hit still waits for its draft.
+    slow = {**SEQUENTIAL, "draft_ms_per_token": 40.0}
+    assert batched_drafter_tokens_per_s(speculative, slow, 1.0) == pytest.approx(3000.0 / 160.0)
+
+
+def test_the_paper_table_has_a_row_per_speculative_row_with_its_own_baselines():
+    def row(drafter: str, branches: int, **extra) -> dict:
+        return {
+            "drafter": drafter,
+            "k": "4",
+            "branches": branches,
+            "k_mean": 4.0,
+            "tokens_per_round": 3.0,
+            "round_trip_ms": 110.0,
+            "decode_tokens_per_s": 20.0,
+            "hit_rate_within": {"1": 0.5, "2": 0.7, "4": 0.8},
+            **extra,
+        }
+
+    rows = {
+        "model sequential k=4": row("model sequential", 0, **SEQUENTIAL),
+        "model pipelined k=4": row("model pipelined", 1),
+        "model speculative (4) k=4": row("model speculative (4)", 4),
+        # No sequential row with this p_min: no paper row.
+        "model speculative (4) p_min 0.5 k=4": row("model speculative (4) p_min 0.5", 4),
+    }
+    results = {"delays": {"20.0": {"rows": rows, "baseline_decode_tokens_per_s": 50.0}}}
+    table = [line for line in projection_lines(results) if line.startswith("| 20 ")]
+    expected = [3000.0 / (100.0 + (1 - h) * 80.0) for h in (0.5, 0.7, 0.8)]
+    assert table == [
+        "| 20 | model speculative (4) | 4 | "
+        + " | ".join(f"{v:.1f}" for v in expected)
+        + " | 20.0 | 20.0 | 50.0 |"
+    ]
+
+
+def test_hit_rates_are_shown_only_for_the_answers_a_drafter_ranks():
+    rates = {"hit_rate_within": {"1": 0.5, "2": 0.7, "4": 0.8}}
+    assert within({**rates, "branches": 4}) == "0.50/0.70/0.80"
+    assert within({**rates, "branches": 1}) == "0.50/-/-"
+    assert within({**rates, "branches": 0}) == "-/-/-"

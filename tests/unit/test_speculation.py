@@ -58,6 +58,10 @@ def test_when_the_answer_was_drafted_for_the_next_round_goes_at_once(wrong_every
     assert stats.rounds_sent_at_once >= stats.rounds - 2
     assert stats.answers_per_round == pytest.approx(3.0, abs=0.5)
     assert stats.wasted_ahead > 0  # the decoys' drafts
+    # The real answer is always the second likeliest: drafting for one would never hit.
+    assert set(stats.answer_ranks) == {1}
+    assert stats.hit_rate_within(1) == 0.0
+    assert stats.hit_rate_within(2) == stats.speculation_hit_rate
 
 
 def test_when_it_was_not_the_round_is_drafted_as_usual_and_the_output_is_the_same():
@@ -69,6 +73,7 @@ def test_when_it_was_not_the_round_is_drafted_as_usual_and_the_output_is_the_sam
     _, result = run(loop, [5, 6, 7], 40)
     assert result.tokens == target_alone([5, 6, 7], 40, FakeVerifier())
     assert result.stats.speculation_hits == 0 and result.stats.rounds_sent_at_once == 0
+    assert result.stats.answer_ranks == {}
 
 
 class SampledDrafter:
@@ -143,3 +148,60 @@ def test_answers_are_drafted_for_only_while_the_expected_wait_leaves_time():
     cache.prepare([1, 2], [4, 5], 3, stop=lambda: False, wait_s=0.095, token_s=0.010)
     assert set(cache._drafts) == {(2, 0), (2, 1)}
     assert cache.counts.branches == 2
+
+
+def test_an_answer_is_ranked_whether_or_not_there_was_time_to_draft_for_it():
+    """The rank of each answer among the drafter's guesses is what a drafter that drafts
+    for more of them at once (a batched decode on a GPU) would hit: counted even when
+    the wait left time for the first only."""
+    now = {"t": 0.0}
+    drafter = SampledDrafter()
+    made = drafter.get_candidates
+
+    def drafting(committed, k, stop=None):
+        now["t"] += 0.010 * k
+        return made(committed, k)
+
+    drafter.get_candidates = drafting
+    cache = SpeculationCache(drafter, max_branches=4, clock=lambda: now["t"])
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False, wait_s=0.035, token_s=0.010)
+    assert set(cache._drafts) == {(2, 0)}
+    assert cache.take(2, 2, 3) is None  # the third likeliest: ranked, not drafted for
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False, wait_s=0.035, token_s=0.010)
+    assert cache.take(2, 0, 3) is not None
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False, wait_s=0.035, token_s=0.010)
+    assert cache.take(0, 7, 3) is None  # not among its guesses at all
+    assert cache.counts.answer_ranks == {2: 1, 0: 1}
+    assert cache.counts.hits == 1 and cache.counts.answered == 3
+
+
+def test_only_the_round_drafted_for_is_looked_up():
+    """An answer is looked up once, and only for the round the drafts were made for: a
+    round sent with nothing drafted ahead (no room left, k 0) finds nothing from an
+    earlier one and counts nothing."""
+    cache = SpeculationCache(SampledDrafter(), max_branches=3)
+    assert cache.take(2, 0, 3) is None  # nothing prepared yet
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    cache.forget()  # the next round went out with nothing drafted for it
+    assert cache.take(2, 0, 3) is None
+    cache.prepare([1, 2], [4, 5], 0, stop=lambda: False)
+    assert cache.take(2, 0, 3) is None
+    assert cache.counts.answered == 0 and cache.counts.answer_ranks == {}
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    assert cache.take(2, 0, 3) is not None
+    assert cache.take(2, 0, 3) is None  # once
+    assert cache.counts.answered == 1 and cache.counts.hits == 1
+
+
+def test_a_drafter_that_cannot_rank_drafts_for_one_answer_and_ranks_only_it():
+    class Unranked(SampledDrafter):
+        likely_answers = None
+
+    cache = SpeculationCache(Unranked(), max_branches=4)
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    ((answer, made),) = cache._drafts.items()
+    assert answer[0] == 2 and len(made.tokens) == 3  # all accepted, then its own guess
+    assert cache.take(*answer, 3) is not None
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    assert cache.take(0, 7, 3) is None
+    assert cache.counts.answer_ranks == {0: 1} and cache.counts.answered == 2
