@@ -123,7 +123,13 @@ class BatchScheduler:
         self._enqueue(job)
         return await _result(job.future)
 
-    async def verify(self, request: VerifyRequest, owner: str = "anonymous") -> VerifyResponse:
+    async def verify(
+        self, request: VerifyRequest, owner: str = "anonymous", admitted: bool = False
+    ) -> VerifyResponse:
+        """A round. `admitted`: a later step of a request the queue already let in
+        (/generate's rounds), never refused for a full queue: refused, the request would
+        fail halfway, its work wasted, whenever another request of its key was queued
+        between two of its steps."""
         session_key = (owner, request.session_id)
         while True:
             with self._rounds_lock:
@@ -138,7 +144,7 @@ class BatchScheduler:
         job = Job(future, owner, request.session_id, request=request)
         job.round_key = round_key(request)
         try:
-            self._enqueue(job, wake=not self.inline_rounds)
+            self._enqueue(job, wake=not self.inline_rounds, admit=not admitted)
             if self.inline_rounds:
                 await self._cycle_inline(job)
         except BaseException as exc:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from server.shared.protocol import PrefillRequest, VerifyRequest
+from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine
 from server.verifier.errors import ServerFull
+from server.verifier.generation import generate
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.stepped import stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
@@ -162,6 +163,43 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
         while not all(task.done() for task in flood):
             scheduler.run_pass()
             await answers_cross()
+
+    asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_an_admitted_generation_is_never_refused_halfway_by_its_own_keys_queue():
+    """/generate's steps after its prompt belong to a request already let in: another
+    request of the same key queued between two steps fills the key's part of the queue,
+    and that must refuse newcomers, never the generation halfway through its work."""
+    runtime, engine, scheduler = build(max_sessions=4, max_queue=2)
+
+    async def scenario():
+        generation = asyncio.ensure_future(
+            generate(scheduler, GenerateRequest(prompt="count with me", max_tokens=4))
+        )
+        await asyncio.sleep(0)
+        scheduler.run_pass()  # its prompt
+        await answers_cross()
+        assert scheduler.queue_depth == 1  # its first step
+        scheduler.run_pass()  # answered; the generation has not sent its next step yet
+        newcomer = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt="another")))
+        await asyncio.sleep(0)
+        assert not newcomer.done() and scheduler.queue_depth == 1  # let in: nothing queued
+        late = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt="one more")))
+        await asyncio.sleep(0)
+        assert late.done() and isinstance(late.exception(), ServerFull)  # the key's part
+        await answers_cross()  # the generation's next step, behind the newcomer
+        assert not generation.done() and scheduler.queue_depth == 2
+        while not generation.done():
+            scheduler.run_pass()
+            await answers_cross()
+        answer = generation.result()  # every step let in: no 503 halfway
+        assert answer.tokens == runtime.reference_greedy(answer.prompt_ids, 4)
+        while not newcomer.done():
+            scheduler.run_pass()
+            await answers_cross()
+        engine.delete_session(newcomer.result().session_id, "anonymous")
 
     asyncio.run(scenario())
     assert_consistent(runtime, engine, scheduler)
