@@ -35,12 +35,17 @@ async def answers_cross() -> None:
         await asyncio.sleep(0)
 
 
+async def until_answered(scheduler, *tasks) -> None:
+    """Run passes, one at a time, until every task has its answer."""
+    while not all(task.done() for task in tasks):
+        scheduler.run_pass()
+        await answers_cross()
+
+
 async def opened(scheduler, prompt: str, owner: str) -> dict:
     task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), owner))
     await asyncio.sleep(0)
-    while not task.done():
-        scheduler.run_pass()
-        await answers_cross()
+    await until_answered(scheduler, task)
     response = task.result()
     return {"id": response.session_id, "ids": response.prompt_ids, "n_past": response.total_tokens}
 
@@ -50,9 +55,7 @@ async def one_round(scheduler, session: dict, owner: str) -> list[int]:
         scheduler.verify(VerifyRequest(session_id=session["id"], n_past=session["n_past"]), owner)
     )
     await asyncio.sleep(0)
-    while not task.done():
-        scheduler.run_pass()
-        await answers_cross()
+    await until_answered(scheduler, task)
     session["n_past"] = task.result().total_tokens
     return task.result().tokens
 
@@ -86,9 +89,7 @@ def test_a_keys_cached_prefix_within_its_share_outlives_another_keys_flood():
         prompt = "a long conversation of alice's, kept for later"
         task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), "alice"))
         await asyncio.sleep(0)
-        while not task.done():
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, task)
         assert task.result().cached_tokens == task.result().prompt_len - 1  # all reused
         assert_consistent(runtime, engine)
 
@@ -160,9 +161,7 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
         assert scheduler.queue_depth == 4  # half the queue: mallory's part while others wait
         tokens = await one_round(scheduler, alice, "alice")  # admitted, and answered
         assert tokens == runtime.reference_greedy(alice["ids"], 1)
-        while not all(task.done() for task in flood):
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, *flood)
 
     asyncio.run(scenario())
     assert_consistent(runtime, engine, scheduler)
@@ -191,14 +190,10 @@ def test_an_admitted_generation_is_never_refused_halfway_by_its_own_keys_queue()
         assert late.done() and isinstance(late.exception(), ServerFull)  # the key's part
         await answers_cross()  # the generation's next step, behind the newcomer
         assert not generation.done() and scheduler.queue_depth == 2
-        while not generation.done():
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, generation)
         answer = generation.result()  # every step let in: no 503 halfway
         assert answer.tokens == runtime.reference_greedy(answer.prompt_ids, 4)
-        while not newcomer.done():
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, newcomer)
         engine.delete_session(newcomer.result().session_id, "anonymous")
 
     asyncio.run(scenario())
@@ -219,9 +214,7 @@ def test_however_many_keys_flood_the_queue_another_keys_round_gets_in():
         assert scheduler.queue_depth >= 12  # the queue is full of the three keys' work
         tokens = await one_round(scheduler, dave, "dave")  # admitted, and answered
         assert tokens == runtime.reference_greedy(dave["ids"], 1)
-        while not all(task.done() for task in flood):
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, *flood)
         for task in flood:
             assert task.exception() is None or isinstance(task.exception(), ServerFull)
 
@@ -246,9 +239,8 @@ def test_a_key_within_its_share_gives_up_its_own_prefix_when_the_others_are_busy
             scheduler.prefill(PrefillRequest(prompt="something else entirely"), "alice")
         )
         await asyncio.sleep(0)
-        while not (prompt.done() and all(r.done() for r in rounds)):
-            scheduler.run_pass()  # bob's rounds begin first: none of his sessions is idle
-            await answers_cross()
+        # Bob's rounds begin first: none of his sessions is idle.
+        await until_answered(scheduler, prompt, *rounds)
         assert prompt.result().cached_tokens == 0
         assert engine.sessions.cached_prefixes == {}  # alice's own prefix made the room
         assert engine.sessions.held() == {"alice": 1, "bob": 3}
@@ -287,9 +279,7 @@ def test_a_round_waits_at_most_one_chunk_of_another_keys_long_prompt():
             alice["n_past"] = task.result().total_tokens
         assert out == expected
         assert not long_prompt.done()  # 200 tokens: more chunks than alice's 8 cycles
-        while not long_prompt.done():
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, long_prompt)
 
     asyncio.run(scenario())
     assert_consistent(runtime, engine, scheduler)
@@ -306,9 +296,7 @@ def test_two_keys_long_prompts_take_turns_chunk_by_chunk():
             for c, owner in zip("abc", owners, strict=True)
         ]
         await asyncio.sleep(0)
-        while not all(task.done() for task in tasks):
-            scheduler.run_pass()
-            await answers_cross()
+        await until_answered(scheduler, *tasks)
         owner_of = {s.seq_id: s.owner for s in engine.sessions.sessions()}
         order = [owner_of[d[0].seq_id] for d in runtime.decodes[first:]]
         # 80 tokens: five chunks each. By key in turn, alice's five come first of every
