@@ -2,17 +2,20 @@
 """Load test: many drafters against one verifier, or against replicas behind nginx. A
 table, not a test.
 
-For each verifier (this checkout's, and with `--compare-with DIR` another checkout's, in
-the same run), each drafter count and each k it prints: aggregate tokens/s, round
-latency, and from the verifier's /metrics what its decodes were: forward passes per
-llama_decode (1.00: every decode one pass), rows per pass, the share of those rows that
-only shaped the pass (padding, fillers), sessions per pass. `--fairness` adds two keys:
+For each verifier (this checkout's; with `--compare-setting NAME=VALUE` this checkout's
+again with that setting; with `--compare-with DIR` another checkout's; all in the same
+run), each drafter count and each k it prints: aggregate tokens/s, round latency, and
+from the verifier's /metrics what its decodes were: forward passes per llama_decode
+(1.00: every decode one pass), rows per pass, the share of those rows that only shaped
+the pass (padding, fillers), sessions per pass, and rounds per scheduler cycle (a cycle
+takes one decode or more: sessions far apart in the KV cache take passes of their
+own). `--fairness` adds two keys:
 one drafter of one key beside many of another, whose 2,000-token prompt arrives
 meanwhile; it reports the lone key's rounds before and during that prompt.
 
     .venv/bin/python scripts/loadtest.py                          # replayed drafts
     .venv/bin/python scripts/loadtest.py --drafters 1,8,16 --draft-n 4,auto \\
-        --compare-with /tmp/before --fairness
+        --compare-setting VERIFIER_GATHER_ROUNDS=false --compare-with /tmp/before --fairness
     .venv/bin/python scripts/loadtest.py --drafter model --drafters 1,4,8
     .venv/bin/python scripts/loadtest.py --replicas 1,2,3 --drafters 8
 
@@ -64,14 +67,16 @@ def cores_and_prefix() -> tuple[list[int], tuple[str, ...]]:
 def pass_columns(row: LevelResult) -> str:
     decodes = row.delta("verifier_decodes_total", kind="rounds")
     if not decodes:  # a verifier that does not count passes (an older version)
-        return "n/a | n/a | n/a | n/a"
+        return "n/a | n/a | n/a | n/a | n/a"
     passes = row.delta("verifier_forward_passes_total", kind="rounds")
     rows = row.delta("verifier_pass_rows_sum", kind="rounds")
     shaping = row.delta("verifier_shaping_rows_total", kind="rounds")
     sessions = row.delta("verifier_pass_sessions_sum") / decodes
+    cycles = row.delta("verifier_cycle_rounds_count")
+    per_cycle = f"{row.delta('verifier_cycle_rounds_sum') / cycles:.2f}" if cycles else "n/a"
     return (
         f"{passes / decodes:.2f} | {rows / passes:.1f} | {100 * shaping / max(rows, 1):.0f}% "
-        f"| {sessions:.2f}"
+        f"| {sessions:.2f} | {per_cycle}"
     )
 
 
@@ -96,16 +101,19 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
     )
     print(
         "| verifier | drafters | k | aggregate tokens/s | p50 round ms | p99 round ms | "
-        "passes per decode | rows per pass | shaping rows | sessions per pass | errors "
-        "| output = /generate |"
+        "passes per decode | rows per pass | shaping rows | sessions per pass | rounds per cycle "
+        "| errors | output = /generate |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    variants = [("this", None)]
-    if args.compare_with:
-        variants.append(("compared", Path(args.compare_with).resolve()))
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     env = verifier_env(args.threads, max(levels))
-    for label, source in variants:
-        with LocalVerifier(env, command_prefix=prefix, source=source) as verifier:
+    variants = [("this", None, env)]
+    for setting in args.compare_setting:
+        name, _, value = setting.partition("=")
+        variants.append((f"this, {setting}", None, {**env, name: value}))
+    if args.compare_with:
+        variants.append(("compared", Path(args.compare_with).resolve(), env))
+    for label, source, variant_env in variants:
+        with LocalVerifier(variant_env, command_prefix=prefix, source=source) as verifier:
             if cores:
                 os.sched_setaffinity(0, {cores[0]})
             try:
@@ -265,6 +273,14 @@ def main() -> None:
         metavar="DIR",
         help="Another checkout of this repository whose verifier to run too, in the same "
         "table (not with --replicas); None: only this checkout's.",
+    )
+    parser.add_argument(
+        "--compare-setting",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        help="Run this checkout's verifier again with this setting (an environment "
+        "variable, e.g. VERIFIER_GATHER_ROUNDS=false), in the same table; repeatable.",
     )
     parser.add_argument(
         "--fairness",

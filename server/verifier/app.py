@@ -116,6 +116,7 @@ async def _load_engine(state: AppState) -> None:
             session_ttl_s=state.settings.session_ttl_s,
             prefix_ttl_s=state.settings.prefix_ttl_s,
             inline_rounds=state.settings.inline_rounds,
+            gather_rounds=state.settings.gather_rounds,
         )
         state.engine = engine
         log.info("%s", describe_ready(engine))

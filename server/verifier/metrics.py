@@ -120,6 +120,13 @@ class VerifierMetrics:
             buckets=[float(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)],
             registry=r,
         )
+        self.cycle_rounds = Histogram(
+            "verifier_cycle_rounds",
+            "rounds decoded in one cycle of the scheduler (one or more llama_decode calls: "
+            "sessions far apart in the KV cache take passes of their own)",
+            buckets=[float(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)],
+            registry=r,
+        )
         self.pass_rows = Histogram(
             "verifier_pass_rows",
             "rows in one llama_decode, padding and filler rows included",
@@ -145,6 +152,17 @@ class VerifierMetrics:
             "verifier_busy_seconds",
             "wall time with at least one model request in flight (the denominator of "
             "efficiency = decode seconds / busy seconds)",
+            registry=r,
+        )
+        self.gather_holds = Counter(
+            "verifier_gather_holds",
+            "times queued rounds were held for sessions the last pass answered, to share "
+            "a pass with them",
+            registry=r,
+        )
+        self.gather_hold_seconds = Counter(
+            "verifier_gather_hold_seconds",
+            "time queued rounds were held for sessions the last pass answered",
             registry=r,
         )
         self.inline_rounds = Counter(

@@ -9,6 +9,9 @@ replayed round is answered from its record); then every begun round is decoded, 
 into as few passes as the engine can make, and then one chunk of one prompt, the prompts
 taking turns by API key. So a round waits at most about one prompt chunk, however long
 the prompts in the queue: a long prompt is interleaved with rounds, never ahead of them.
+Before a cycle takes the queue, it may wait, at most a pass's fixed cost, for sessions
+the last pass answered that have been coming back quickly (gather.py), so that drafters
+share one pass rather than taking turns in groups.
 
 One round per session at a time: a /verify for a session whose round is queued or being
 decoded waits for it, then runs; a copy of that same round (a retry) then gets its
@@ -44,6 +47,7 @@ from server.verifier.errors import (
     ServerFull,
     Unavailable,
 )
+from server.verifier.gather import Gatherer
 from server.verifier.jobs import PrefillWork, VerifyWork, Work
 from server.verifier.metrics import VerifierMetrics
 
@@ -89,17 +93,23 @@ class BatchScheduler:
         session_ttl_s: float,
         prefix_ttl_s: float = 600.0,
         inline_rounds: bool = True,
+        gather_rounds: bool = True,
         start: bool = True,
     ):
         """`start=False` runs no engine thread: the caller drives cycles with `run_pass`
-        (tests that must not depend on how threads are scheduled)."""
+        (tests that must not depend on how threads are scheduled), and rounds are never
+        held for others (`gather_rounds`, server/verifier/gather.py)."""
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.session_ttl_s = session_ttl_s
         self.prefix_ttl_s = prefix_ttl_s
         self.inline_rounds = inline_rounds
-        engine.decoder.observe = metrics.observe_pass
+        self.gather_rounds = gather_rounds
+        self.gatherer = Gatherer(
+            engine.shapes.pass_cost_rows, pinned=bool(engine.shapes.pinned_width)
+        )
+        engine.decoder.observe = self._observe_pass
         self._queue: deque[Job] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -218,6 +228,8 @@ class BatchScheduler:
                 )
             if admit:
                 self._admit(job.owner)
+            if job.round_key is not None:
+                self.gatherer.arrived((job.owner, job.session_id))
             self._queue.append(job)
             self.metrics.queue_depth.set(len(self._queue))
             if wake:
@@ -261,7 +273,7 @@ class BatchScheduler:
                 # let them reach this point, so that a burst is batched, not run one by one.
                 await asyncio.sleep(0)
             alone = self._arriving == 1 and list(self._queue) == [job] and not self._stopping
-            if alone and self._engine_lock.acquire(blocking=False):
+            if alone and not self._holding() and self._engine_lock.acquire(blocking=False):
                 try:
                     self._cycle([job])
                     self.metrics.inline_rounds.inc()
@@ -282,6 +294,7 @@ class BatchScheduler:
                     self._wake.wait(timeout=SWEEP_INTERVAL_S)
                 if self._stopping and not self._queue:
                     return
+                self._hold_for_answered()
                 jobs = list(self._queue)
             with self._engine_lock:
                 self._cycle(jobs)
@@ -289,6 +302,38 @@ class BatchScheduler:
                     self._sweep()
                 except Exception:  # the thread must outlive any bug: requests wait on it
                     log.exception("the idle sweep failed")
+
+    def _holding(self) -> bool:
+        """Whether queued rounds are to wait for sessions the last pass answered."""
+        if not (self.gather_rounds and self._threaded):
+            return False
+        deadline = self.gatherer.deadline()
+        return deadline is not None and deadline > self.gatherer.clock()
+
+    def _hold_for_answered(self) -> None:
+        """Under the queue's lock: hold the queued rounds until the sessions the last
+        pass answered are back, or the gatherer's deadline passes (gather.py)."""
+        if not (self.gather_rounds and self._threaded):
+            return
+        began = time.perf_counter()
+        held = False
+        while not self._stopping and any(job.round_key is not None for job in self._queue):
+            deadline = self.gatherer.deadline()
+            if deadline is None:
+                break
+            left = deadline - self.gatherer.clock()
+            if left <= 0:
+                self.gatherer.gave_up()
+                break
+            held = True
+            self._wake.wait(timeout=left)
+        if held:
+            self.metrics.gather_holds.inc()
+            self.metrics.gather_hold_seconds.inc(time.perf_counter() - began)
+
+    def _observe_pass(self, record) -> None:
+        self.metrics.observe_pass(record)
+        self.gatherer.observe_pass(record.kind, record.rows, record.seconds)
 
     def _cycle(self, jobs: Sequence[Job]) -> None:
         if not jobs:
@@ -350,6 +395,13 @@ class BatchScheduler:
         prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
         ordered = rounds + prompts
         results = self.engine.run([j.work for j in rounds], [j.work for j in prompts])
+        if rounds:  # before any answer goes out: a session may be back at once
+            self.metrics.cycle_rounds.observe(len(rounds))
+            self.gatherer.answered(
+                (job.owner, job.session_id)
+                for job, result in zip(ordered, results, strict=False)
+                if isinstance(result, VerifyResponse)
+            )
         for job, result in zip(ordered, results, strict=True):
             if isinstance(result, APIError):
                 self._fail(job, result)

@@ -42,6 +42,12 @@ class VerifierSettings(BaseSettings):
         description="decode a lone verify round on the event loop when the engine is idle "
         "(saves two thread switches a round; the loop waits for that one decode)",
     )
+    gather_rounds: bool = Field(
+        True,
+        description="hold queued rounds, at most a pass's fixed cost, for the sessions the "
+        "last pass answered when they have been coming back faster than that, so that "
+        "drafters share passes instead of taking turns in groups",
+    )
     verify_fast_path: bool = Field(
         True,
         description="answer POST /verify before Starlette's routing and FastAPI's request "

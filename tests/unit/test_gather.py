@@ -1,0 +1,248 @@
+"""Holding rounds for the sessions a pass just answered (server/verifier/gather.py): the
+rule on a clock the tests move, then the scheduler's engine thread on a frozen clock, so
+that whether a pass waits is decided by arrivals, never by how long anything takes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server.shared.protocol import PrefillRequest, VerifyRequest
+from server.verifier.engine import Engine
+from server.verifier.gather import FORGET_AFTER_S, RETURN_SLACK, Gatherer
+from server.verifier.metrics import VerifierMetrics
+from server.verifier.scheduler import BatchScheduler
+from tests.fixtures.fake_runtime import FakeRuntime
+
+A, B, C = ("k", "a"), ("k", "b"), ("other", "c")
+COST_ROWS = 6.0
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gatherer(pinned: bool = False) -> tuple[Gatherer, Clock]:
+    clock = Clock()
+    gather = Gatherer(COST_ROWS, pinned=pinned, clock=clock)
+    gather.observe_pass("rounds", rows=14, seconds=0.1)  # fixed part: 0.1 * 6 / 20
+    return gather, clock
+
+
+def returned(gather: Gatherer, clock: Clock, took: dict) -> None:
+    """One cycle of rounds answered, each session back after `took[key]` seconds."""
+    gather.answered(took)
+    start = clock.now
+    for key, seconds in sorted(took.items(), key=lambda item: item[1]):
+        clock.now = start + seconds
+        gather.arrived(key)
+    clock.now = start + 1.0
+
+
+def test_the_fixed_part_of_a_pass_bounds_the_hold():
+    gather, _ = gatherer()
+    assert gather.fixed_s == pytest.approx(0.1 * COST_ROWS / (COST_ROWS + 14))
+    gather.observe_pass("prompt", rows=48, seconds=5.0)  # a prompt chunk changes nothing
+    assert gather.fixed_s == pytest.approx(0.03)
+    pinned, _ = gatherer(pinned=True)  # every pinned pass computes every sequence
+    assert pinned.fixed_s == pytest.approx(0.1)
+
+
+def test_a_session_coming_back_fast_is_waited_for_until_it_is_back():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.004, B: 0.006})
+    answered_at = clock.now
+    gather.answered([A, B])
+    clock.now += 0.004
+    gather.arrived(A)
+    assert gather.deadline() == pytest.approx(answered_at + RETURN_SLACK * 0.006)
+    gather.arrived(B)
+    assert gather.deadline() is None  # everyone is back: run now
+
+
+def test_the_hold_never_exceeds_a_pass_fixed_part_from_the_answer():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.025})  # B: 2 x 0.025 is past 0.03
+    answered_at = clock.now
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() == pytest.approx(answered_at + 0.03)
+
+
+def test_a_drafter_across_a_real_link_is_never_waited_for():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, C: 0.150})  # C's round trip exceeds a whole pass
+    gather.answered([A, C])
+    gather.arrived(A)
+    assert gather.deadline() is None
+
+
+def test_a_session_never_seen_coming_back_is_not_waited_for():
+    gather, _ = gatherer()
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() is None
+
+
+def test_nothing_is_held_before_a_pass_of_rounds_was_timed():
+    clock = Clock()
+    gather = Gatherer(COST_ROWS, pinned=False, clock=clock)
+    returned(gather, clock, {A: 0.001, B: 0.001})
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() is None
+
+
+def test_a_session_that_misses_holds_sits_out_twice_as_many_answers_each_time():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    sat_out = []
+    for _ in range(3):  # B never makes it within the hold's bound
+        gather.answered([A, B])
+        gather.arrived(A)
+        clock.now = gather.deadline() + 0.001
+        assert gather.gave_up() == [B]
+        clock.now += 0.05  # late for the hold, within a pass
+        gather.arrived(B)
+        answers = 0
+        while not gather.waited_for(B):
+            returned(gather, clock, {A: 0.002, B: 0.050})  # back within a pass: not a hold
+            answers += 1
+        sat_out.append(answers)
+    assert sat_out == [2, 4, 8]
+    gather.answered([A, B])  # B makes this hold: forgiven, the next miss costs 2 again
+    clock.now += 0.001
+    gather.arrived(B)
+    gather.answered([A, B])
+    clock.now = gather.deadline() + 0.001
+    assert gather.gave_up() == [A, B]
+    assert not gather.waited_for(B)
+    gather.answered([A, B])
+    gather.answered([A, B])
+    assert gather.waited_for(B)
+
+
+def test_answered_sessions_that_never_come_back_are_forgotten():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.001, B: 0.001})
+    gather.answered([A, B])
+    clock.now += FORGET_AFTER_S + 1
+    gather.answered([C])
+    assert set(gather._sessions) == {C}
+
+
+# -- the engine thread ------------------------------------------------------------------
+
+
+def threaded(gather_rounds: bool = True) -> tuple[FakeRuntime, BatchScheduler, Clock]:
+    runtime = FakeRuntime(n_seq_max=4, n_batch=256, n_ctx_per_seq=512)
+    engine = Engine(runtime, max_draft=4, pass_cost_rows=COST_ROWS)
+    metrics = VerifierMetrics(4, 4)
+    scheduler = BatchScheduler(
+        engine, metrics, max_queue=16, session_ttl_s=600, gather_rounds=gather_rounds
+    )
+    clock = Clock()  # frozen unless the test moves it: no hold runs out by itself
+    scheduler.gatherer = Gatherer(COST_ROWS, pinned=False, clock=clock)
+    return runtime, scheduler, clock
+
+
+async def opened(scheduler: BatchScheduler, prompt: str) -> dict:
+    answer = await asyncio.wait_for(scheduler.prefill(PrefillRequest(prompt=prompt), "k"), 60)
+    return {"id": answer.session_id, "ids": answer.prompt_ids, "n_past": answer.total_tokens}
+
+
+async def queued(scheduler: BatchScheduler, session: dict) -> asyncio.Future:
+    request = VerifyRequest(session_id=session["id"], n_past=session["n_past"])
+    task = asyncio.ensure_future(scheduler.verify(request, "k"))
+    while not task.done() and not any(j.session_id == session["id"] for j in scheduler._queue):
+        await asyncio.sleep(0.001)
+    return task
+
+
+def sessions_per_pass(metrics: VerifierMetrics) -> tuple[float, float]:
+    """(decodes of rounds, sessions in them) so far."""
+    sample = metrics.registry.get_sample_value
+    return sample("verifier_pass_sessions_count") or 0, sample("verifier_pass_sessions_sum") or 0
+
+
+def metric(scheduler: BatchScheduler, name: str) -> float:
+    return scheduler.metrics.registry.get_sample_value(name) or 0
+
+
+def fast_returns(scheduler: BatchScheduler, clock: Clock, a: dict, b: dict) -> None:
+    """The gatherer has seen both sessions come back quickly, then a pass answer both."""
+    gather = scheduler.gatherer
+    gather.observe_pass("rounds", rows=10, seconds=1.0)
+    keys = {("k", a["id"]): 0.001, ("k", b["id"]): 0.002}
+    returned(gather, clock, keys)
+    gather.answered(keys)
+
+
+def test_a_round_waits_for_the_session_answered_with_it_and_they_share_a_pass():
+    runtime, scheduler, clock = threaded()
+
+    async def scenario():
+        a, b = await opened(scheduler, "first drafter"), await opened(scheduler, "second one")
+        fast_returns(scheduler, clock, a, b)
+        passes_before = sessions_per_pass(scheduler.metrics)
+        first = await queued(scheduler, a)
+        await asyncio.sleep(0.05)  # the clock is frozen: the hold cannot run out
+        assert not first.done()
+        second = await queued(scheduler, b)
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 60)
+        assert [x.tokens for x in answers] == [
+            runtime.reference_greedy(a["ids"], 1),
+            runtime.reference_greedy(b["ids"], 1),
+        ]
+        count, sessions = sessions_per_pass(scheduler.metrics)
+        assert (count - passes_before[0], sessions - passes_before[1]) == (1, 2)
+        assert metric(scheduler, "verifier_gather_holds_total") == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        scheduler.close()
+
+
+def test_a_hold_that_runs_out_runs_the_round_alone_and_stops_waiting_for_the_absent():
+    runtime, scheduler, clock = threaded()
+
+    async def scenario():
+        a, b = await opened(scheduler, "first drafter"), await opened(scheduler, "second one")
+        fast_returns(scheduler, clock, a, b)
+        first = await queued(scheduler, a)
+        clock.now += 1.0  # past any hold
+        with scheduler._wake:
+            scheduler._wake.notify()
+        answer = await asyncio.wait_for(first, 60)
+        assert answer.tokens == runtime.reference_greedy(a["ids"], 1)
+        assert metric(scheduler, "verifier_gather_holds_total") == 1
+        # b missed its hold: it sits out its next answers
+        assert not scheduler.gatherer.waited_for(("k", b["id"]))
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        scheduler.close()
+
+
+def test_with_gathering_off_a_round_never_waits_for_others():
+    runtime, scheduler, clock = threaded(gather_rounds=False)
+
+    async def scenario():
+        a, b = await opened(scheduler, "first drafter"), await opened(scheduler, "second one")
+        fast_returns(scheduler, clock, a, b)
+        first = await queued(scheduler, a)
+        answer = await asyncio.wait_for(first, 60)
+        assert answer.tokens == runtime.reference_greedy(a["ids"], 1)
+        assert metric(scheduler, "verifier_gather_holds_total") == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        scheduler.close()
