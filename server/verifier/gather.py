@@ -17,8 +17,9 @@ pass anyway, and drafters across a real link, whose round trip exceeds a pass, n
 are. A return is measured while the next pass runs, which can slow it (on a CPU the
 event loop shares the cores with the pass), so it is not compared with the hold's bound
 itself; instead a session that misses a hold is not waited for during its next 2, then
-4, 8, ... answers, and one that makes it is forgiven its misses. A client that stops
-coming back, or is too slow for the bound, costs the others one hold now and then.
+4, 8, ... answers, and only a run of holds made in a row earns one miss back. A client
+that stops coming back, is too slow for the bound, or comes back late on purpose costs
+the others a hold ever more rarely.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SessionKey = tuple[str, str]  # (API key, session id)
 GAP_WEIGHT = 0.5  # weight of the newest return in a session's running mean
 RETURN_SLACK = 2.0  # a session is expected back within this many of its mean returns
 MAX_SKIPPED = 64  # most answers a session that keeps missing holds goes unwaited for
+FORGIVE_AFTER = 8  # holds made in a row that earn one miss back
 FORGET_AFTER_S = 60.0  # a session neither answered nor back for this long is forgotten
 
 
@@ -41,7 +43,8 @@ class _Session:
     seen_at: float  # its last answer or arrival
     answered_at: float | None = None  # answered, and its next round not here yet
     return_s: float | None = None  # running mean of answer to next round
-    misses: int = 0  # holds it missed since it last made one
+    misses: int = 0  # holds it missed, less those earned back
+    made: int = 0  # holds it made since its last miss or its last miss earned back
     skip: int = 0  # its answers still to go before it is waited for again
 
 
@@ -96,7 +99,9 @@ class Gatherer:
                 return
             took = now - session.answered_at
             if waited and took <= self.fixed_s:
-                session.misses = 0  # back within a hold's bound: its misses are forgiven
+                session.made += 1  # back within a hold's bound
+                if session.made >= FORGIVE_AFTER:
+                    session.misses, session.made = max(0, session.misses - 1), 0
             mean = session.return_s
             session.return_s = took if mean is None else mean + GAP_WEIGHT * (took - mean)
             session.seen_at, session.answered_at = now, None
@@ -131,13 +136,14 @@ class Gatherer:
 
     def gave_up(self) -> list[SessionKey]:
         """A hold ran out: the sessions it waited for in vain sit out their next 2, 4,
-        8, ... answers (doubling with each miss in a row)."""
+        8, ... answers (doubling with each miss not yet earned back)."""
         with self._lock:
             missed = sorted(self._expected)
             for key in missed:
                 session = self._sessions.get(key)
                 if session is not None:
                     session.misses += 1
+                    session.made = 0
                     session.skip = min(2**session.misses, MAX_SKIPPED)
             self._expected.clear()
         return missed

@@ -10,7 +10,7 @@ import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine
-from server.verifier.gather import FORGET_AFTER_S, RETURN_SLACK, Gatherer
+from server.verifier.gather import FORGET_AFTER_S, FORGIVE_AFTER, RETURN_SLACK, Gatherer
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime
@@ -98,33 +98,55 @@ def test_nothing_is_held_before_a_pass_of_rounds_was_timed():
     assert gather.deadline() is None
 
 
+def miss(gather: Gatherer, clock: Clock, key) -> int:
+    """`key` misses a hold (A makes it); how many answers it then sits out."""
+    gather.answered([A, key])
+    gather.arrived(A)
+    clock.now = gather.deadline() + 0.001
+    assert gather.gave_up() == [key]
+    clock.now += 0.05  # late for the hold, within a pass
+    gather.arrived(key)
+    answers = 0
+    while not gather.waited_for(key):
+        returned(gather, clock, {A: 0.002, key: 0.050})  # back within a pass: not a hold
+        answers += 1
+    return answers
+
+
+def make(gather: Gatherer, clock: Clock, key) -> None:
+    """`key` is back within a hold's bound."""
+    gather.answered([A, key])
+    clock.now += 0.001
+    gather.arrived(key)
+    gather.arrived(A)
+    clock.now += 1.0
+
+
 def test_a_session_that_misses_holds_sits_out_twice_as_many_answers_each_time():
     gather, clock = gatherer()
     returned(gather, clock, {A: 0.002, B: 0.004})
+    assert [miss(gather, clock, B) for _ in range(3)] == [2, 4, 8]
+
+
+def test_making_a_hold_now_and_then_does_not_undo_the_misses():
+    """A client that comes back late on purpose every other hold: its misses still
+    double what it sits out."""
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
     sat_out = []
-    for _ in range(3):  # B never makes it within the hold's bound
-        gather.answered([A, B])
-        gather.arrived(A)
-        clock.now = gather.deadline() + 0.001
-        assert gather.gave_up() == [B]
-        clock.now += 0.05  # late for the hold, within a pass
-        gather.arrived(B)
-        answers = 0
-        while not gather.waited_for(B):
-            returned(gather, clock, {A: 0.002, B: 0.050})  # back within a pass: not a hold
-            answers += 1
-        sat_out.append(answers)
-    assert sat_out == [2, 4, 8]
-    gather.answered([A, B])  # B makes this hold: forgiven, the next miss costs 2 again
-    clock.now += 0.001
-    gather.arrived(B)
-    gather.answered([A, B])
-    clock.now = gather.deadline() + 0.001
-    assert gather.gave_up() == [A, B]
-    assert not gather.waited_for(B)
-    gather.answered([A, B])
-    gather.answered([A, B])
-    assert gather.waited_for(B)
+    for _ in range(4):
+        sat_out.append(miss(gather, clock, B))
+        make(gather, clock, B)
+    assert sat_out == [2, 4, 8, 16]
+
+
+def test_a_run_of_holds_made_earns_one_miss_back():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    assert [miss(gather, clock, B) for _ in range(3)] == [2, 4, 8]
+    for _ in range(FORGIVE_AFTER):
+        make(gather, clock, B)
+    assert miss(gather, clock, B) == 8  # three misses, one earned back, one more
 
 
 def test_answered_sessions_that_never_come_back_are_forgotten():
