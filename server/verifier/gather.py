@@ -16,10 +16,11 @@ whole pass are waited for: those are the ones that would have been in the very n
 pass anyway, and drafters across a real link, whose round trip exceeds a pass, never
 are. A return is measured while the next pass runs, which can slow it (on a CPU the
 event loop shares the cores with the pass), so it is not compared with the hold's bound
-itself; instead a session that misses a hold is not waited for during its next 2, then
-4, 8, ... answers, and only a run of holds made in a row earns one miss back. A client
-that stops coming back, is too slow for the bound, or comes back late on purpose costs
-the others a hold ever more rarely.
+itself; instead a session that misses a hold it was waited for in is not waited for
+during its next 2, then 4, 8, ... answers, and only a run of holds made in a row earns
+one miss back. Whatever clients do (come back late on purpose, just inside the bound,
+or not at all), holds never take more than `HOLD_SHARE` of the time the engine spends
+decoding, counted over its recent passes: gathering can cost everyone at most that.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ GAP_WEIGHT = 0.5  # weight of the newest return in a session's running mean
 RETURN_SLACK = 2.0  # a session is expected back within this many of its mean returns
 MAX_SKIPPED = 64  # most answers a session that keeps missing holds goes unwaited for
 FORGIVE_AFTER = 8  # holds made in a row that earn one miss back
+MAX_MISSES = 6  # 2**6 = MAX_SKIPPED
+HOLD_SHARE = 0.2  # most time holds take, as a share of the time spent decoding
+RECENT = 0.95  # each pass, the weight left to what came before it (about 20 passes)
 FORGET_AFTER_S = 60.0  # a session neither answered nor back for this long is forgotten
 
 
@@ -65,10 +69,15 @@ class Gatherer:
         self._lock = threading.Lock()
         self.fixed_s = 0.0  # the last pass of rounds' fixed cost, in seconds
         self.pass_s = 0.0  # the last pass of rounds' time
+        self._decode_s = 0.0  # time decoding, recent passes weighted more
+        self._hold_s = 0.0  # time holding, on the same weights
         self._sessions: dict[SessionKey, _Session] = {}
         self._expected: set[SessionKey] = set()  # those the last cycle of rounds answered
 
     def observe_pass(self, kind: str, rows: int, seconds: float) -> None:
+        with self._lock:
+            self._decode_s = self._decode_s * RECENT + seconds
+            self._hold_s *= RECENT
         if kind != "rounds":
             return
         if self._pinned:
@@ -106,6 +115,16 @@ class Gatherer:
             session.return_s = took if mean is None else mean + GAP_WEIGHT * (took - mean)
             session.seen_at, session.answered_at = now, None
 
+    def not_coming(self, key: SessionKey) -> None:
+        """The session's next round is not coming soon (it is being deleted, finished or
+        read from): not waited for after this answer."""
+        with self._lock:
+            self._expected.discard(key)
+
+    def held(self, seconds: float) -> None:
+        with self._lock:
+            self._hold_s += seconds
+
     def waited_for(self, key: SessionKey) -> bool:
         """Whether the session, answered now, would be waited for."""
         with self._lock:
@@ -121,6 +140,8 @@ class Gatherer:
         the last cycle answered that are not back yet; None: run them now."""
         with self._lock:
             fixed = self.fixed_s
+            if self._hold_s >= HOLD_SHARE * self._decode_s:
+                return None
             awaited = [
                 (session.answered_at, session.return_s)
                 for session in map(self._sessions.get, self._expected)
@@ -134,16 +155,19 @@ class Gatherer:
         due = max(at + RETURN_SLACK * mean for at, mean in awaited)
         return min(due, min(at for at, _ in awaited) + fixed)
 
-    def gave_up(self) -> list[SessionKey]:
-        """A hold ran out: the sessions it waited for in vain sit out their next 2, 4,
-        8, ... answers (doubling with each miss not yet earned back)."""
+    def gave_up(self, held: bool) -> list[SessionKey]:
+        """The deadline passed with these sessions not back. If a hold waited for them
+        (`held`), those it waited for in vain sit out their next 2, 4, 8, ... answers
+        (doubling with each miss not yet earned back); either way none is waited for
+        again until answered again. The sessions that sit out."""
         with self._lock:
-            missed = sorted(self._expected)
-            for key in missed:
+            missed = []
+            for key in sorted(self._expected):
                 session = self._sessions.get(key)
-                if session is not None:
-                    session.misses += 1
+                if held and session is not None and self._eligible(session):
+                    session.misses = min(session.misses + 1, MAX_MISSES)
                     session.made = 0
                     session.skip = min(2**session.misses, MAX_SKIPPED)
+                    missed.append(key)
             self._expected.clear()
         return missed

@@ -323,13 +323,15 @@ class BatchScheduler:
                 break
             left = deadline - self.gatherer.clock()
             if left <= 0:
-                self.gatherer.gave_up()
+                self.gatherer.gave_up(held)
                 break
             held = True
             self._wake.wait(timeout=left)
         if held:
+            seconds = time.perf_counter() - began
+            self.gatherer.held(seconds)
             self.metrics.gather_holds.inc()
-            self.metrics.gather_hold_seconds.inc(time.perf_counter() - began)
+            self.metrics.gather_hold_seconds.inc(seconds)
 
     def _observe_pass(self, record) -> None:
         self.metrics.observe_pass(record)
@@ -364,6 +366,8 @@ class BatchScheduler:
             waits = job.session_id is not None and job.session_id in busy
             if job.call is not None:
                 if not waits:
+                    if job.session_id is not None:  # a delete or a /generate's end
+                        self.gatherer.not_coming((job.owner, job.session_id))
                     self._settle(job, job.call)
                 continue
             if waits:

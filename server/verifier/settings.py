@@ -45,8 +45,9 @@ class VerifierSettings(BaseSettings):
     gather_rounds: bool = Field(
         True,
         description="hold queued rounds, at most a pass's fixed cost, for the sessions the "
-        "last pass answered when they have been coming back faster than that, so that "
-        "drafters share passes instead of taking turns in groups",
+        "last pass answered when they have been coming back within a pass, so that "
+        "drafters share passes instead of taking turns in groups (holds take at most a "
+        "fifth of the decoding time)",
     )
     verify_fast_path: bool = Field(
         True,

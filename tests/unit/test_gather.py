@@ -5,12 +5,21 @@ that whether a pass waits is decided by arrivals, never by how long anything tak
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine
-from server.verifier.gather import FORGET_AFTER_S, FORGIVE_AFTER, RETURN_SLACK, Gatherer
+from server.verifier.gather import (
+    FORGET_AFTER_S,
+    FORGIVE_AFTER,
+    HOLD_SHARE,
+    MAX_MISSES,
+    MAX_SKIPPED,
+    RETURN_SLACK,
+    Gatherer,
+)
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime
@@ -22,8 +31,11 @@ COST_ROWS = 6.0
 class Clock:
     def __init__(self, now: float = 100.0) -> None:
         self.now = now
+        self.engine_reads = 0  # reads by the scheduler's engine thread
 
     def __call__(self) -> float:
+        if threading.current_thread().name == "batch-scheduler":
+            self.engine_reads += 1
         return self.now
 
 
@@ -103,7 +115,7 @@ def miss(gather: Gatherer, clock: Clock, key) -> int:
     gather.answered([A, key])
     gather.arrived(A)
     clock.now = gather.deadline() + 0.001
-    assert gather.gave_up() == [key]
+    assert gather.gave_up(held=True) == [key]
     clock.now += 0.05  # late for the hold, within a pass
     gather.arrived(key)
     answers = 0
@@ -158,6 +170,49 @@ def test_answered_sessions_that_never_come_back_are_forgotten():
     assert set(gather._sessions) == {C}
 
 
+def test_misses_stop_counting_at_the_longest_sit_out():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    assert [miss(gather, clock, B) for _ in range(9)][-3:] == [MAX_SKIPPED] * 3
+    assert gather._sessions[B].misses == MAX_MISSES
+
+
+def test_a_deadline_that_passed_with_no_hold_costs_nobody_a_miss():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    gather.answered([A, B])
+    clock.now += 0.05  # past the deadline; say a prompt chunk ran: nothing held for B
+    assert gather.gave_up(held=False) == []
+    assert gather.deadline() is None
+    gather.arrived(B)
+    assert gather.waited_for(B)
+
+
+def test_a_session_being_deleted_or_finished_is_not_waited_for():
+    gather, clock = gatherer()
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() is not None
+    gather.not_coming(B)
+    assert gather.deadline() is None
+
+
+def test_holds_never_take_more_than_their_share_of_the_decoding_time():
+    """Whatever the clients do, e.g. come back just inside the bound every time."""
+    gather, clock = gatherer()  # one pass of 0.1 s decoded so far
+    returned(gather, clock, {A: 0.002, B: 0.004})
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() is not None
+    gather.held(HOLD_SHARE * 0.1)  # holds have taken their share
+    assert gather.deadline() is None
+    gather.observe_pass("rounds", rows=14, seconds=0.1)  # more decoding: room again
+    gather.answered([A, B])
+    gather.arrived(A)
+    assert gather.deadline() is not None
+
+
 # -- the engine thread ------------------------------------------------------------------
 
 
@@ -196,6 +251,13 @@ def metric(scheduler: BatchScheduler, name: str) -> float:
     return scheduler.metrics.registry.get_sample_value(name) or 0
 
 
+async def engine_holding(clock: Clock, reads: int) -> None:
+    """Until the engine thread has read the (frozen) clock since `reads`: it is in its
+    hold, and stays there while the clock does not move and the other is not back."""
+    while clock.engine_reads <= reads:
+        await asyncio.sleep(0.001)
+
+
 def fast_returns(scheduler: BatchScheduler, clock: Clock, a: dict, b: dict) -> None:
     """The gatherer has seen both sessions come back quickly, then a pass answer both."""
     gather = scheduler.gatherer
@@ -212,8 +274,9 @@ def test_a_round_waits_for_the_session_answered_with_it_and_they_share_a_pass():
         a, b = await opened(scheduler, "first drafter"), await opened(scheduler, "second one")
         fast_returns(scheduler, clock, a, b)
         passes_before = sessions_per_pass(scheduler.metrics)
+        reads = clock.engine_reads
         first = await queued(scheduler, a)
-        await asyncio.sleep(0.05)  # the clock is frozen: the hold cannot run out
+        await asyncio.wait_for(engine_holding(clock, reads), 60)
         assert not first.done()
         second = await queued(scheduler, b)
         answers = await asyncio.wait_for(asyncio.gather(first, second), 60)
@@ -237,7 +300,9 @@ def test_a_hold_that_runs_out_runs_the_round_alone_and_stops_waiting_for_the_abs
     async def scenario():
         a, b = await opened(scheduler, "first drafter"), await opened(scheduler, "second one")
         fast_returns(scheduler, clock, a, b)
+        reads = clock.engine_reads
         first = await queued(scheduler, a)
+        await asyncio.wait_for(engine_holding(clock, reads), 60)
         clock.now += 1.0  # past any hold
         with scheduler._wake:
             scheduler._wake.notify()
