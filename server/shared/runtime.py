@@ -306,6 +306,12 @@ class LlamaRuntime(LlamaVocab):
         if not llama_cpp.llama_memory_seq_rm(self._memory, seq_id, p0, p1):
             raise LlamaError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) refused")
 
+    def copy(self, src: int, dst: int) -> None:
+        """Make sequence `dst` hold what `src` holds (whatever `dst` held is dropped).
+        Each sequence has a KV stream of its own (kv_unified off), so llama.cpp copies the
+        whole stream's buffers, at the start of the next decode."""
+        llama_cpp.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+
     def clear(self, seq_id: int) -> None:
         self.remove(seq_id, -1, -1)
 

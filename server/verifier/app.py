@@ -61,6 +61,7 @@ def build_engine(settings: VerifierSettings) -> Engine:
         pin_width=settings.pin_width,
         pass_cost_rows=settings.pass_cost_rows,
         key_share=settings.key_share,
+        pack_sessions=settings.pack_sessions,
     )
 
 

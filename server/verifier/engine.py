@@ -83,11 +83,12 @@ class Engine:
         pin_width: int = 0,
         pass_cost_rows: float = 0.0,
         key_share: int = 0,
+        pack_sessions: bool = True,
     ):
         """`n_ctx`: a session's context (default: what the runtime holds less the widest
         pass); `prefix_cache_min_tokens` > 0: reuse ended sessions' prefixes that long or
         more; `prompt_chunk`: a prompt's tokens per decode (0: see invariance.prompt_chunks);
-        `pin_shapes`/`pin_width`/`pass_cost_rows`: see VerifierSettings."""
+        `pin_shapes`/`pin_width`/`pass_cost_rows`/`pack_sessions`: see VerifierSettings."""
         widest = max(max_draft + 1, pin_width or max_draft + 1)
         if runtime.n_batch < widest:
             raise ValueError(f"n_batch={runtime.n_batch} cannot hold a draft of {max_draft} + 1")
@@ -101,7 +102,12 @@ class Engine:
         self.vocab = vocab.describe(runtime)
         self.decoder = PassDecoder(runtime)
         self._prefills: dict[int, PrefillWork] = {}  # seq id -> the prompt it is evaluating
-        self.sessions = SessionTable(self.n_seq, runtime.remove, key_share=key_share)
+        self.sessions = SessionTable(
+            self.n_seq,
+            runtime.remove,
+            copy=runtime.copy if pack_sessions else None,
+            key_share=key_share,
+        )
         free = PassShapes(
             n_seq=self.n_seq,
             max_rows=min(runtime.n_batch, self.n_seq * (max_draft + 1)),

@@ -33,6 +33,12 @@ class VerifierMetrics:
             "sessions evicted (least recently used) to make room for a new one",
             registry=r,
         )
+        self.moved_sequences = Counter(
+            "verifier_moved_sequences",
+            "KV sequences copied to another id so that sessions sit side by side and share "
+            "forward passes (VERIFIER_PACK_SESSIONS)",
+            registry=r,
+        )
         self.prompt_tokens_evaluated = Counter(
             "verifier_prompt_tokens_evaluated",
             "prompt tokens evaluated by /prefill (the last one of each prompt is evaluated "

@@ -448,10 +448,12 @@ class BatchScheduler:
     def _begin(self, job: Job) -> bool:
         try:
             if isinstance(job.request, PrefillRequest):
-                evicted = self.engine.sessions.evicted
+                table = self.engine.sessions
+                evicted, moved = table.evicted, table.moved
                 job.work = self.engine.begin_prefill(job.request, self._busy_sessions(), job.owner)
                 job.session_id = job.work.session.session_id
-                self.metrics.evicted_sessions.inc(self.engine.sessions.evicted - evicted)
+                self.metrics.evicted_sessions.inc(table.evicted - evicted)
+                self.metrics.moved_sequences.inc(table.moved - moved)
                 return True
             work = self.engine.begin_verify(job.request, job.owner, job.round_key)
             if isinstance(work, VerifyResponse):  # a replay: answered from its record

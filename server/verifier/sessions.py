@@ -21,6 +21,14 @@ free, the sequence for a new prompt is taken, least recently used first, from: a
 prefix of a key over its share, one of the asking key's own prefixes, an idle session of
 a key over its share, one of the asking key's own idle sessions; never from a key within
 its share. So one key opening sessions by the hundred takes only from itself.
+
+Packing: llama.cpp runs sequences in one forward pass only when their ids rise by one,
+so a gap among the sessions' ids costs a pass. Given `copy(src, dst)`, a new session, or
+a reused prefix, goes where it adds the fewest runs of neighbouring ids to those that
+sessions and prompts hold (beside them), preferring what needs fewer copies: a free id,
+then the id of a cached prefix, which moves to a free id away from the sessions. A copy
+costs one sequence's KV buffers, far less than evaluating a prompt; nothing moves when
+that gains no run, when no id is free, or a live session.
 """
 
 from __future__ import annotations
@@ -76,7 +84,8 @@ class SessionTable:
     """Live sessions (least recently used first), cached prefixes (least recently cached
     first) and the pool of KV sequence ids.
 
-    `remove(seq_id, p0)` drops a sequence's cells from position p0 on (-1: all of them).
+    `remove(seq_id, p0)` drops a sequence's cells from position p0 on (-1: all of them);
+    `copy(src, dst)`, if given, makes dst hold what src holds (sequences are packed).
     With `min_reuse` = 0 no prefix is kept; `key_share` = 0: an equal share."""
 
     def __init__(
@@ -84,11 +93,13 @@ class SessionTable:
         max_sessions: int,
         remove: Callable[[int, int], None],
         *,
+        copy: Callable[[int, int], None] | None = None,
         min_reuse: int = 0,
         key_share: int = 0,
     ):
         self.max_sessions = max_sessions
         self._remove = remove
+        self._copy = copy
         self.min_reuse = min_reuse
         self.key_share = key_share
         self._live: OrderedDict[str, Session] = OrderedDict()
@@ -98,6 +109,7 @@ class SessionTable:
         self._free = list(range(max_sessions - 1, -1, -1))
         self.evicted = 0
         self.dropped_prefixes = 0
+        self.moved = 0  # sequences copied to another id by packing
 
     def __len__(self) -> int:
         return len(self._live)
@@ -145,12 +157,11 @@ class SessionTable:
         with work queued)."""
         reused = self._take_prefix(owner, prompt)
         if reused is not None:
-            return reused
+            seq_id, n = reused
+            return self._place(seq_id), n
         if not self._free:
             self._make_room(owner, set(keep))
-        # The lowest free id: sessions packed at low ids share forward passes more often
-        # (llama.cpp puts only sequences whose ids rise by one in one pass).
-        seq_id = min(self._free)
+        seq_id = self._place()
         self._free.remove(seq_id)
         self._reserved[seq_id] = owner
         try:
@@ -195,6 +206,69 @@ class SessionTable:
             f"all {self.max_sessions} sessions are busy or held by keys within their share; "
             "retry shortly"
         )
+
+    # -- packing -----------------------------------------------------------------------
+
+    def _place(self, reused: int | None = None) -> int:
+        """The id a new sequence takes. `reused`: a reused prefix, reserved at that id;
+        None: an empty sequence, which takes a free id (one must be). Without `copy`, the
+        lowest free id or the prefix's own. With it, the id where it adds the fewest runs
+        of neighbouring held ids (a run's rounds make one pass), then the one fewest
+        copies away, then the lowest; a prefix cached there first moves to a free id."""
+        if self._copy is None:
+            return min(self._free) if reused is None else reused
+        held = {s.seq_id for s in self._live.values()} | set(self._reserved)
+        held.discard(reused)
+
+        def runs_added(seq_id: int, held: set[int] = held) -> int:
+            return 1 - (seq_id - 1 in held) - (seq_id + 1 in held)
+
+        moves = 0 if reused is None else 1
+        candidates = [(runs_added(s), moves, s) for s in self._free]
+        if self._free:  # a prefix in the way needs a free id to go to
+            candidates += [(runs_added(s), moves + 1, s) for s in self._cached]
+        if reused is not None:
+            candidates.append((runs_added(reused), 0, reused))
+        _, _, target = min(candidates)
+        if target in self._cached and not self._move_prefix_away(target, held | {target}):
+            _, _, target = min(c for c in candidates if c[2] not in self._cached)
+        if target == reused or reused is None:
+            return target
+        try:
+            self._copy(reused, target)
+        except Exception:
+            log.exception("could not move a reused prefix; it stays where it is")
+            return reused
+        self._free.remove(target)
+        self._reserved[target] = self._reserved.pop(reused)
+        self.moved += 1
+        self._empty_quietly(reused)
+        return target
+
+    def _move_prefix_away(self, seq_id: int, held: set[int]) -> bool:
+        """Move the prefix cached at `seq_id` to the free id furthest from `held` (the
+        highest of those beside none); True when `seq_id` is free after."""
+        spare = max(self._free, key=lambda s: ((s - 1 in held) + (s + 1 in held) == 0, s))
+        try:
+            self._copy(seq_id, spare)
+        except Exception:
+            log.exception("could not move a cached prefix; the new sequence goes elsewhere")
+            return False
+        self._free.remove(spare)
+        self._cached = OrderedDict(  # the same order: least recently cached first
+            (spare if s == seq_id else s, prefix) for s, prefix in self._cached.items()
+        )
+        self.moved += 1
+        self._empty_quietly(seq_id)
+        return True
+
+    def _empty_quietly(self, seq_id: int) -> None:
+        """A sequence moved away from is free, even if its cells could not be removed:
+        whoever takes it empties it first (reserve removes, a copy replaces)."""
+        try:
+            self._free_seq(seq_id)
+        except Exception:
+            log.exception("could not empty a sequence moved away from; emptied when taken")
 
     def _take_prefix(self, owner: str, prompt: Sequence[int]) -> tuple[int, int] | None:
         if not self.min_reuse or len(prompt) < 2:

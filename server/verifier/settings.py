@@ -42,6 +42,12 @@ class VerifierSettings(BaseSettings):
         description="decode a lone verify round on the event loop when the engine is idle "
         "(saves two thread switches a round; the loop waits for that one decode)",
     )
+    pack_sessions: bool = Field(
+        True,
+        description="keep sessions at neighbouring KV sequence ids, so that their rounds "
+        "share one forward pass: a new session goes beside the others, moving a cached "
+        "prefix out of the way if need be (a copy of one sequence's KV buffers)",
+    )
     gather_rounds: bool = Field(
         True,
         description="hold queued rounds, at most a pass's fixed cost, for the sessions the "
