@@ -7,9 +7,10 @@ again with that setting; with `--compare-with DIR` another checkout's; all in th
 run), each drafter count and each k it prints: aggregate tokens/s, round latency, and
 from the verifier's /metrics what its decodes were: forward passes per llama_decode
 (1.00: every decode one pass), rows per pass, the share of those rows that only shaped
-the pass (padding, fillers), sessions per pass, and rounds per scheduler cycle (a cycle
+the pass (padding, fillers), sessions per pass, rounds per scheduler cycle (a cycle
 takes one decode or more: sessions far apart in the KV cache take passes of their
-own). `--fairness` adds two keys:
+own), and decode time per row (what the machine gave the verifier: a row of the same
+passes costs more when something else takes the core). `--fairness` adds two keys:
 one drafter of one key beside many of another, whose 2,000-token prompt arrives
 meanwhile; it reports the lone key's rounds before and during that prompt.
 
@@ -67,16 +68,17 @@ def cores_and_prefix() -> tuple[list[int], tuple[str, ...]]:
 def pass_columns(row: LevelResult) -> str:
     decodes = row.delta("verifier_decodes_total", kind="rounds")
     if not decodes:  # a verifier that does not count passes (an older version)
-        return "n/a | n/a | n/a | n/a | n/a"
+        return "n/a | n/a | n/a | n/a | n/a | n/a"
     passes = row.delta("verifier_forward_passes_total", kind="rounds")
     rows = row.delta("verifier_pass_rows_sum", kind="rounds")
     shaping = row.delta("verifier_shaping_rows_total", kind="rounds")
     sessions = row.delta("verifier_pass_sessions_sum") / decodes
     cycles = row.delta("verifier_cycle_rounds_count")
     per_cycle = f"{row.delta('verifier_cycle_rounds_sum') / cycles:.2f}" if cycles else "n/a"
+    decode_s = row.delta("verifier_decode_seconds_sum", kind="rounds")
     return (
         f"{passes / decodes:.2f} | {rows / passes:.1f} | {100 * shaping / max(rows, 1):.0f}% "
-        f"| {sessions:.2f} | {per_cycle}"
+        f"| {sessions:.2f} | {per_cycle} | {1000 * decode_s / max(rows, 1):.1f}"
     )
 
 
@@ -102,9 +104,9 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
     print(
         "| verifier | drafters | k | aggregate tokens/s | p50 round ms | p99 round ms | "
         "passes per decode | rows per pass | shaping rows | sessions per pass | rounds per cycle "
-        "| errors | output = /generate |"
+        "| decode ms per row | errors | output = /generate |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     env = verifier_env(args.threads, max(levels))
     variants = [("this", None, env)]
     for setting in args.compare_setting:
