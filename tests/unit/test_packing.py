@@ -12,7 +12,7 @@ from server.verifier.engine import Engine
 from server.verifier.passes import plan_passes
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.unit.test_engine_races import assert_consistent
-from tests.unit.test_prefix_cache import MIN_REUSE, decode, open_session
+from tests.unit.test_prefix_cache import MIN_REUSE, decode, open_session, random_step
 
 
 def build(max_sessions: int, pack_sessions: bool = True) -> tuple[FakeRuntime, Engine]:
@@ -127,18 +127,12 @@ def test_sessions_coming_and_going_stay_packed_and_exact(seed):
     (passes), every answer is the cold one and every sequence holds what the table says."""
     rng = random.Random(seed)
     runtime, engine = build(max_sessions=6)
-    stems = [list(range(2, 12)), [*range(2, 8), 30, 31, 32, 33], list(range(20, 34))]
     live: list[tuple[str, str, list[int]]] = []
     for _ in range(80):
-        if live and rng.random() < 0.45:
-            session_id, owner, prompt = live.pop(rng.randrange(len(live)))
-            if session_id in {s.session_id for s in engine.sessions.sessions()}:  # not evicted
-                engine.delete_session(session_id)
+        step = random_step(engine, rng, live, end_share=0.45)
+        if step is None:
             continue
-        owner = rng.choice(["a", "b"])
-        prompt = rng.choice(stems)[: rng.randint(5, 14)] + [
-            rng.randrange(2, 64) for _ in range(rng.randint(1, 4))
-        ]
+        owner, prompt = step
         held_before = set(live_seq_ids(engine))
         free_before = len(engine.sessions.cached_prefixes) + len(held_before) < 6
         response, _ = open_session(engine, prompt, owner)

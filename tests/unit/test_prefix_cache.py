@@ -141,25 +141,36 @@ def test_reuse_is_off_where_batches_change_logits():
     assert_consistent(runtime, engine)
 
 
+STEMS = [list(range(2, 12)), [*range(2, 8), 30, 31, 32, 33], list(range(20, 34))]
+
+
+def random_step(
+    engine: Engine, rng: random.Random, live: list[tuple[str, str, list[int]]], end_share: float
+) -> tuple[str, list[int]] | None:
+    """One step of sessions coming and going over a few shared prefixes, two keys: ends
+    one of `live` (None), or says who opens a session next, with what prompt."""
+    if live and rng.random() < end_share:
+        session_id, _, _ = live.pop(rng.randrange(len(live)))
+        if session_id in {s.session_id for s in engine.sessions.sessions()}:  # not evicted
+            engine.delete_session(session_id)
+        return None
+    prompt = rng.choice(STEMS)[: rng.randint(5, 14)]
+    return rng.choice(["a", "b"]), prompt + [rng.randrange(2, 64) for _ in range(rng.randint(1, 4))]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
     """Random sessions over a few shared prefixes, two keys, three sequences: every answer
     is the cold one and every sequence holds what the table says, after every step."""
     rng = random.Random(seed)
     runtime, engine = build(max_sessions=3)
-    stems = [list(range(2, 12)), [*range(2, 8), 30, 31, 32, 33], list(range(20, 34))]
     live: list[tuple[str, str, list[int]]] = []
     reused = 0
     for _ in range(80):
-        if live and rng.random() < 0.5:
-            session_id, owner, prompt = live.pop(rng.randrange(len(live)))
-            if session_id in {s.session_id for s in engine.sessions.sessions()}:  # not evicted
-                engine.delete_session(session_id)
+        step = random_step(engine, rng, live, end_share=0.5)
+        if step is None:
             continue
-        owner = rng.choice(["a", "b"])
-        prompt = rng.choice(stems)[: rng.randint(5, 14)] + [
-            rng.randrange(2, 64) for _ in range(rng.randint(1, 4))
-        ]
+        owner, prompt = step
         response, _ = open_session(engine, prompt, owner)
         reused += response.cached_tokens
         n = rng.randint(1, 6)
