@@ -241,8 +241,7 @@ class SessionTable:
             return reused
         self._free.remove(target)
         self._reserved[target] = self._reserved.pop(reused)
-        self.moved += 1
-        self._empty_quietly(reused)
+        self._moved_from(reused)
         return target
 
     def _move_prefix_away(self, seq_id: int, held: set[int]) -> bool:
@@ -258,13 +257,13 @@ class SessionTable:
         self._cached = OrderedDict(  # the same order: least recently cached first
             (spare if s == seq_id else s, prefix) for s, prefix in self._cached.items()
         )
-        self.moved += 1
-        self._empty_quietly(seq_id)
+        self._moved_from(seq_id)
         return True
 
-    def _empty_quietly(self, seq_id: int) -> None:
-        """A sequence moved away from is free, even if its cells could not be removed:
-        whoever takes it empties it first (reserve removes, a copy replaces)."""
+    def _moved_from(self, seq_id: int) -> None:
+        """Count a move; the sequence moved away from is free, even if its cells could not
+        be removed: whoever takes it empties it first (reserve removes, a copy replaces)."""
+        self.moved += 1
         try:
             self._free_seq(seq_id)
         except Exception:
