@@ -1,5 +1,5 @@
 """Whether and how a draft model drafts for a verifier: with token ids as they are (the
-same vocabulary, or a compatible one as llama.cpp judges it: server/vocab.py), through
+same vocabulary, or a compatible one as llama.cpp judges it: server/shared/vocab.py), through
 text (another tokenizer: drafter/translate.py), or not at all."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class DraftContext:
         self._closed = False
         self.decodes = 0  # llama_decode calls made for draft sequences
         # The verifier's vocabulary size where it differs from ours (a compatible pair,
-        # server/vocab.py): every sequence drafts within it.
+        # server/shared/vocab.py): every sequence drafts within it.
         self.target_n_vocab: int | None = None
         self.vocab_relation = "same"  # "compatible" or "translated": what the run reports
         self.shared_decodes = 0  # of those, calls carrying more than one sequence

@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 from drafter.candidates import CandidateGenerator, Draft
 from drafter.draft_length import DraftLength, FixedLength, RoundTiming
 from drafter.errors import VerifierRejected
+from drafter.remote_session import RemoteSessions
 from drafter.speculation import SpeculationCache
 from drafter.stats import GenerationStats
 from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
@@ -70,7 +71,7 @@ class SpeculativeResult:
     finish_reason: FinishReason | None = None
     strategy: str = "greedy"
     lossless: bool = True
-    vocab: str = "same"  # the drafter's vocabulary against the verifier's (server/vocab.py)
+    vocab: str = "same"  # the drafter's vocabulary against the verifier's (server/shared/vocab.py)
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
@@ -103,7 +104,7 @@ class SpeculativeLoop:
         self.speculation = SpeculationCache(drafter, branches, clock=clock) if pipeline else None
         self.vocab = vocab
         self.result = SpeculativeResult()
-        self._chosen_id: str | None = None
+        self.sessions = RemoteSessions(verifier)
         # Learned as rounds go: a round trip, and a drafted token (what speculation has).
         self._wait_s = float("inf")
         self._token_s = 0.0
@@ -111,7 +112,7 @@ class SpeculativeLoop:
     @property
     def session_id(self) -> str | None:
         """The id the running (or last) generation's session goes by, on any replica."""
-        return self._chosen_id
+        return self.sessions.chosen_id
 
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
@@ -119,8 +120,8 @@ class SpeculativeLoop:
         # Ours to choose (random: ids are one space for every key), so that a balancer
         # can route the session by it, and a recovery re-opens it under the same id (on
         # whichever replica now has it).
-        self._chosen_id = uuid.uuid4().hex
-        prefill = prefill.model_copy(update={"session_id": self._chosen_id})
+        self.sessions.chosen_id = uuid.uuid4().hex
+        prefill = prefill.model_copy(update={"session_id": self.sessions.chosen_id})
         sent0, received0 = self.verifier.bytes_sent, self.verifier.bytes_received
         sender = ThreadPoolExecutor(1, thread_name_prefix="verify") if self.pipeline else None
         began = self.clock()
@@ -145,7 +146,7 @@ class SpeculativeLoop:
             stats.bytes_received = self.verifier.bytes_received - received0
             if self.speculation is not None:
                 stats.add_speculation(self.speculation.counts)
-            self._close_session(session[0])
+            self.sessions.close(session[0])
 
     def _opened(self, opened: PrefillResponse, prefill_s: float) -> None:
         result, stats = self.result, self.result.stats
@@ -196,7 +197,7 @@ class SpeculativeLoop:
                 # Evicted or expired: a new session from every committed token continues
                 # exactly where this one stopped.
                 lost_in_a_row += 1
-                session[0] = self._reopen(prefill, committed)
+                session[0] = self.sessions.reopen(prefill, committed)
                 result.stats.recoveries += 1
                 continue
             lost_in_a_row = 0
@@ -289,8 +290,8 @@ class SpeculativeLoop:
         so its first draft does not wait for that on top of the verifier's."""
         warm = getattr(self.drafter, "warm", None)
         if sender is None or warm is None:
-            return self._prefill(prefill)
-        in_flight: Future = sender.submit(self._prefill, prefill)
+            return self.sessions.open(prefill)
+        in_flight: Future = sender.submit(self.sessions.open, prefill)
         # A drafter that cannot take the prompt fails again at its first draft, with the
         # session open and closed by the loop; until then the prefill is what matters.
         with contextlib.suppress(Exception):
@@ -301,39 +302,6 @@ class SpeculativeLoop:
         began = self.clock()
         verdict = self.verifier.verify(request)
         return verdict, self.clock() - began
-
-    def _prefill(self, request: PrefillRequest) -> PrefillResponse:
-        try:
-            opened = self.verifier.prefill(request)
-        except VerifierRejected as exc:
-            if exc.error_type != "session_exists" or request.session_id != self._chosen_id:
-                raise
-            # The id is our own random one: a prefill retried after its answer was lost
-            # has opened it already. That session is dropped and opened again, once.
-            self._close_session(request.session_id)
-            opened = self.verifier.prefill(request)
-        if opened.session_id != request.session_id:
-            raise VerifierRejected(
-                502,
-                "protocol_error",
-                f"asked for session {request.session_id!r}, "
-                f"the verifier opened {opened.session_id!r}",
-            )
-        return opened
-
-    def _reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
-        reopened = self._prefill(
-            prefill.model_copy(
-                update={"prompt": None, "prompt_tokens": list(committed), "add_bos": False}
-            )
-        )
-        return reopened.session_id
-
-    def _close_session(self, session_id: str) -> None:
-        # Best effort: the session holds a KV sequence on the server until it is freed,
-        # and a failed cleanup must not hide the result.
-        with contextlib.suppress(Exception):
-            self.verifier.delete_session(session_id)
 
 
 def _ema(mean: float, value: float, weight: float = 0.2) -> float:

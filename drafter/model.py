@@ -20,19 +20,17 @@ import numpy as np
 
 from drafter.candidates import Draft
 from drafter.draft_context import DraftContext
+from drafter.draft_sequence import DraftSequence
 from drafter.errors import DraftModelError
 from server.shared import vocab
-from server.shared.prefix import common_prefix_len
 from server.shared.protocol import PrefillRequest, SamplingParams
 from server.shared.runtime import LlamaError, supports_gpu_offload
 from server.shared.sampling import cap_support, probabilities, sample
 
 # Most tokens of q sent per draft position. Without top-k, q's support is the whole
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
-# exactly that cut q, which keeps rejection sampling lossless (server/sampling.py).
+# exactly that cut q, which keeps rejection sampling lossless (server/shared/sampling.py).
 MAX_Q_SUPPORT = 32
-# Logits rows kept for cutting the cache back without a decode: two rounds of drafts.
-MAX_KEPT_LOGITS = 40
 
 
 @dataclass
@@ -98,12 +96,7 @@ class DraftModel:
         self._owns_context = owns_context
         self.model_path = self.runtime.model_path
         self.name = self.runtime.metadata("general.name") or self.model_path.stem
-        self._cached: list[int] = []  # tokens whose KV entries are in the cache
-        self._last_logits: np.ndarray | None = None
-        # Logits after the cached token at each position, for the positions of the last
-        # chain: so a cache that runs ahead of `committed` is cut back without a decode.
-        self._logits_at: dict[int, np.ndarray] = {}
-        self.decoded_tokens = 0
+        self.sequence = DraftSequence(context, seq_id)
         self.configure(DraftPolicy())
 
     def configure(self, policy: DraftPolicy) -> None:
@@ -209,10 +202,10 @@ class DraftModel:
         scored: list[tuple[float, int, int]] = []
         reach = 1.0  # the model's probability of the draft so far
         for i in range(len(draft_tokens) + 1):
-            row = self._logits_at.get(start + i)
+            row = self.sequence.logits_at(start + i)
             if row is None:
                 break
-            q = self._distribution(self._within_target(row))
+            q = distribution(self._within_target(row), self.policy)
             drafted = draft_tokens[i] if i < len(draft_tokens) else -1
             best = [int(t) for t in np.argsort(-q)[:3] if t != drafted][:2]
             scored += [(reach * float(q[t]), i, t) for t in best]
@@ -225,12 +218,6 @@ class DraftModel:
         rest = sorted((s for s in scored if s is not expected), key=lambda s: -s[0])
         ranked = ([expected] if expected else []) + rest
         return [(i, t) for _, i, t in ranked[:limit]]
-
-    def _distribution(self, logits: np.ndarray) -> np.ndarray:
-        if self.policy.sample_drafts:
-            return probabilities(logits, self.policy.sampling)
-        shifted = np.exp(logits.astype(np.float64) - logits.max())
-        return shifted / shifted.sum()
 
     def warm(self, prefill: PrefillRequest) -> None:
         """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call
@@ -246,7 +233,11 @@ class DraftModel:
 
     @property
     def cached_tokens(self) -> list[int]:
-        return list(self._cached)
+        return list(self.sequence.cached)
+
+    @property
+    def decoded_tokens(self) -> int:
+        return self.sequence.decoded_tokens
 
     @property
     def decodes_alone(self) -> bool:
@@ -259,25 +250,23 @@ class DraftModel:
 
     def reset(self) -> None:
         """Forget this sequence's cache."""
-        self.context.remove(self.seq_id, -1)
-        self._cached = []
-        self._last_logits = None
-        self._logits_at = {}
+        self.sequence.reset()
         self._forget_chain()
 
     def close(self) -> None:
         if self._owns_context:
             self.context.close()
 
+    def _sync(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.sequence.sync(tokens, alone=self.decodes_alone)
+
+    def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.sequence.evaluate(tokens, alone=self.decodes_alone)
+
     # -- a compatible verifier's vocabulary --------------------------------------------
 
     def _within_target(self, logits: np.ndarray) -> np.ndarray:
-        limit = self.context.target_n_vocab
-        if limit is None or limit >= len(logits):
-            return logits
-        masked = logits.copy()  # the cached row stays as the model gave it
-        masked[limit:] = -np.inf
-        return masked
+        return within(logits, self.context.target_n_vocab)
 
     def _own_ids(self, tokens: Sequence[int]) -> Sequence[int]:
         limit = self.context.target_n_vocab
@@ -303,48 +292,30 @@ class DraftModel:
         chain_tokens = [t for t, _ in self._chain]
         if list(committed[start:]) != chain_tokens[: n - start]:
             return [], []
-        if self._cached[:start] != list(committed[:start]):
+        if self.sequence.cached[:start] != list(committed[:start]):
             return [], []
         reused = self._chain[n - start : n - start + k]
         return [t for t, _ in reused], [q for _, q in reused]
-
-    # -- KV cache ---------------------------------------------------------------------
-
-    def _sync(self, tokens: Sequence[int]) -> np.ndarray:
-        """Make the cache hold exactly `tokens`; return the logits after the last one."""
-        common = common_prefix_len(self._cached, tokens)
-        if common == len(tokens):
-            kept = self._logits_at.get(common - 1)
-            if common == len(self._cached) and self._last_logits is not None:
-                return self._last_logits
-            if kept is not None:
-                self._truncate(common)
-                self._last_logits = kept
-                return kept
-            common -= 1  # the last token's logits are needed: evaluate it again
-        self._truncate(common)
-        return self._evaluate(tokens[common:])
-
-    def _truncate(self, length: int) -> None:
-        self.context.remove(self.seq_id, length)
-        del self._cached[length:]
-        self._logits_at = {p: v for p, v in self._logits_at.items() if p < length}
-
-    def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
-        start = len(self._cached)
-        # On failure the context has dropped the cells from `start`: nothing to undo here.
-        logits = self.context.decode(self.seq_id, tokens, start, alone=self.decodes_alone)
-        self._cached.extend(tokens)
-        self.decoded_tokens += len(tokens)
-        self._last_logits = logits
-        # Only the chain's neighbourhood is worth keeping (a row is n_vocab floats).
-        last = len(self._cached) - 1
-        self._logits_at = {p: v for p, v in self._logits_at.items() if p > last - MAX_KEPT_LOGITS}
-        self._logits_at[last] = logits
-        return logits
 
 
 def _confidence(logits: np.ndarray, token: int) -> float:
     """The draft model's probability of its own draft."""
     shifted = np.exp(logits - logits.max())
     return float(shifted[token] / shifted.sum())
+
+
+def distribution(logits: np.ndarray, policy: DraftPolicy) -> np.ndarray:
+    """The draft model's distribution as the policy draws from it (softmax for argmax)."""
+    if policy.sample_drafts:
+        return probabilities(logits, policy.sampling)
+    shifted = np.exp(logits.astype(np.float64) - logits.max())
+    return shifted / shifted.sum()
+
+
+def within(logits: np.ndarray, limit: int | None) -> np.ndarray:
+    """Logits with the ids from `limit` on masked (a verifier's smaller vocabulary)."""
+    if limit is None or limit >= len(logits):
+        return logits
+    masked = logits.copy()  # the cached row stays as the model gave it
+    masked[limit:] = -np.inf
+    return masked

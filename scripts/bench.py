@@ -4,7 +4,7 @@ and two plots, not a test.
 
 Starts a verifier pinned to one core (`taskset`), runs the real `draft_token_generator`
 CLI pinned to another (two machines, as far as two cores can stand for them), through a
-delaying TCP proxy on loopback (scripts/delay_proxy.py), over a fixed prompt set: chat,
+delaying TCP proxy on loopback (scripts/harness/delay_proxy.py), over a fixed prompt set: chat,
 code, prose, and an editing task whose answer repeats its input. For each drafter (model
 sequential, model pipelined, n-gram) and k it reports acceptance, tokens per round,
 tokens/s, the speedup over the verifier alone (`/generate`, through the same proxy) end

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  prompt_chunk {info['prompt_chunk']}", file=sys.stderr)
     print(table(rows))
     # Reuse must not change a token where prompts are cut alike; n_batch cuts are other
-    # numbers (server/invariance.py), so that setup's text may differ.
+    # numbers (server/verifier/invariance.py), so that setup's text may differ.
     same_cuts = [r for r in rows if r["setup"] != "reuse off, n_batch cuts"]
     texts: dict[str, set[str]] = {}
     for r in same_cuts:

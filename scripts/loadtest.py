@@ -7,12 +7,13 @@ again with that setting; with `--compare-with DIR` another checkout's; all in th
 run), each drafter count and each k it prints: aggregate tokens/s, round latency, and
 from the verifier's /metrics what its decodes were: forward passes per llama_decode
 (1.00: every decode one pass), rows per pass, the share of those rows that only shaped
-the pass (padding, fillers), sessions per pass, rounds per scheduler cycle (a cycle
-takes one decode or more: sessions far apart in the KV cache take passes of their
+the pass (padding, fillers), sessions per pass, rounds per cycle (an engine step of
+rounds: one decode or more, as sessions far apart in the KV cache take passes of their
 own), and decode time per row (what the machine gave the verifier: a row of the same
 passes costs more when something else takes the core). `--fairness` adds two keys:
 one drafter of one key beside many of another, whose 2,000-token prompt arrives
-meanwhile; it reports the lone key's rounds before and during that prompt.
+meanwhile; it reports the lone key's rounds before and during that prompt. With
+`--repeats N` every verifier runs N times, alternating, and a table of medians follows.
 
     .venv/bin/python scripts/loadtest.py                          # replayed drafts
     .venv/bin/python scripts/loadtest.py --drafters 1,8,16 --draft-n 4,auto \\
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -114,27 +116,47 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
         variants.append((f"this, {setting}", None, {**env, name: value}))
     if args.compare_with:
         variants.append(("compared", Path(args.compare_with).resolve(), env))
-    for label, source, variant_env in variants:
-        with LocalVerifier(variant_env, command_prefix=prefix, source=source) as verifier:
-            if cores:
-                os.sched_setaffinity(0, {cores[0]})
-            try:
-                for k in ks:
-                    for n in levels:
-                        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-                        row = run_drafters(
-                            verifier.url,
-                            [verifier.url],
-                            prompts,
-                            rounds=args.rounds,
-                            draft_n=k,
-                            drafter=args.drafter,
-                            threads=args.threads,
-                        )
-                        print_row(label, k, row)
-            finally:
+    rates: dict[tuple[str, object, int], list[float]] = {}
+    for _ in range(args.repeats):  # the variants alternate, run after run
+        for label, source, variant_env in variants:
+            with LocalVerifier(variant_env, command_prefix=prefix, source=source) as verifier:
                 if cores:
-                    os.sched_setaffinity(0, own_cores)
+                    os.sched_setaffinity(0, {cores[0]})
+                try:
+                    for k in ks:
+                        for n in levels:
+                            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+                            row = run_drafters(
+                                verifier.url,
+                                [verifier.url],
+                                prompts,
+                                rounds=args.rounds,
+                                draft_n=k,
+                                drafter=args.drafter,
+                                threads=args.threads,
+                            )
+                            print_row(label, k, row)
+                            rates.setdefault((label, k, n), []).append(row.tokens_per_s)
+                finally:
+                    if cores:
+                        os.sched_setaffinity(0, own_cores)
+    if args.repeats > 1:
+        print_medians(rates, args.repeats)
+
+
+def print_medians(rates: dict[tuple[str, object, int], list[float]], repeats: int) -> None:
+    """Each variant's median aggregate tokens/s over the alternating runs, and its ratio
+    to this checkout's verifier with its default settings."""
+    print(f"\nmedian of {repeats} alternating runs")
+    print("| verifier | drafters | k | median tokens/s | min | max | against `this` |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for (label, k, n), values in rates.items():
+        base = statistics.median(rates[("this", k, n)])
+        median = statistics.median(values)
+        print(
+            f"| {label} | {n} | {k} | {median:.1f} | {min(values):.1f} | {max(values):.1f} "
+            f"| {median / base:.2f}x |"
+        )
 
 
 def fairness_run(args: argparse.Namespace) -> None:
@@ -283,6 +305,13 @@ def main() -> None:
         default=[],
         help="Run this checkout's verifier again with this setting (an environment "
         "variable, e.g. VERIFIER_GATHER_ROUNDS=false), in the same table; repeatable.",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Runs of every verifier, alternating (this, each compared one, this again, "
+        "...); above 1, a table of each one's median tokens/s follows.",
     )
     parser.add_argument(
         "--fairness",

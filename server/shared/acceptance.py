@@ -58,7 +58,7 @@ def accept_greedy(
 
 # -- sampling strategies ------------------------------------------------------------------
 # `target_probs` holds k+1 rows: the target's distribution p after the pending token and
-# after each draft token, already tempered and cut (server/sampling.py). Each function
+# after each draft token, already tempered and cut (server/shared/sampling.py). Each function
 # draws its uniforms from `rng` in a fixed order, so a seeded session is reproducible.
 
 

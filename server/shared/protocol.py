@@ -14,7 +14,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     Strict,
     field_validator,
     model_validator,
@@ -143,9 +142,6 @@ class PrefillResponse(ResponseModel):
         description="prompt tokens taken from a cached prefix of the same API key, not "
         "evaluated again",
     )
-    # Not on the wire: the verifier's own record of the session this response opened, so
-    # that undoing it never ends another session opened since under the same id.
-    _session: object = PrivateAttr(default=None)
 
 
 class VerifyRequest(WireModel):
@@ -179,9 +175,6 @@ class VerifyResponse(ResponseModel):
     strategy: Strategy
     lossless: bool
     timings: RoundTimings
-    # Not on the wire: set once the round is in the metrics. A duplicate or a replay gets
-    # this very object back, so a round is counted once however often it is answered.
-    _counted: bool = PrivateAttr(default=False)
 
 
 class GenerateRequest(PromptInput):
@@ -216,7 +209,7 @@ class InfoResponse(ResponseModel):
     add_bos: bool
     vocab_hash: str
     # What a drafter with another vocabulary needs to judge it as llama.cpp does
-    # (server/vocab.py); an older verifier leaves them out, and only "same" passes.
+    # (server/shared/vocab.py); an older verifier leaves them out, and only "same" passes.
     vocab_type: str = ""
     add_eos: bool = False
     max_draft: int

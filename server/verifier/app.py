@@ -28,6 +28,7 @@ from server.verifier.round_path import VerifyFastPath
 from server.verifier.routes import generate, service, sessions
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.security import ApiKeys, GuardMiddleware
+from server.verifier.service import VerifierService
 from server.verifier.settings import VerifierSettings, get_settings
 from server.verifier.state import AppState
 
@@ -51,18 +52,7 @@ def build_engine(settings: VerifierSettings) -> Engine:
         flash_attn=settings.flash_attn,
         verbose=settings.verbose,
     )
-    return Engine(
-        runtime,
-        max_draft=settings.max_draft,
-        n_ctx=settings.n_ctx,
-        prefix_cache_min_tokens=settings.prefix_cache_min_tokens if settings.prefix_cache else 0,
-        prompt_chunk=settings.prompt_chunk,
-        pin_shapes=settings.pin_shapes,
-        pin_width=settings.pin_width,
-        pass_cost_rows=settings.pass_cost_rows,
-        key_share=settings.key_share,
-        pack_sessions=settings.pack_sessions,
-    )
+    return Engine(runtime, settings)
 
 
 def check_model_file(path: Path) -> None:
@@ -85,7 +75,7 @@ def describe_ready(engine: Engine) -> str:
         else f"NOT exact (logits differ by {report.max_abs_diff:g})"
     )
     pinned = f", pinned at {shapes.pinned_width} rows a session" if shapes.pinned_width else ""
-    reuse = "on" if engine.sessions.min_reuse else "off"
+    reuse = "on" if engine.prefix_cache else "off"
     return (
         f"verifier ready: {engine.model_name} ({engine.runtime.quantization}), "
         f"{engine.n_seq} sessions of {engine.n_ctx} tokens; greedy passes {exact}{pinned}; "
@@ -110,16 +100,9 @@ async def _load_engine(state: AppState) -> None:
     log.info("loading %s (the startup probe follows)", settings.model_path)
     try:
         engine = await asyncio.to_thread(build_engine, state.settings)
-        state.scheduler = BatchScheduler(
-            engine,
-            state.metrics,
-            max_queue=state.settings.max_queue,
-            session_ttl_s=state.settings.session_ttl_s,
-            prefix_ttl_s=state.settings.prefix_ttl_s,
-            inline_rounds=state.settings.inline_rounds,
-            gather_rounds=state.settings.gather_rounds,
-        )
-        state.engine = engine
+        scheduler = BatchScheduler(engine, state.metrics, settings)
+        scheduler.start()
+        state.service = VerifierService(scheduler)
         log.info("%s", describe_ready(engine))
     except Exception as exc:
         state.load_error = f"{type(exc).__name__}: {exc}"
@@ -153,8 +136,8 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
             yield
         finally:
             await loading
-            if state.scheduler is not None:
-                await asyncio.to_thread(state.scheduler.close)
+            if state.service is not None:
+                await asyncio.to_thread(state.service.scheduler.close)
         if state.load_error and not settings.wait_for_model:
             # uvicorn ends with status 0 once it has started, whatever stopped it; a
             # verifier that never had a model failed, and says so to whoever started it.

@@ -76,6 +76,14 @@ def check_token_ids(ids: Sequence[int], n_vocab: int, where: str) -> None:
             raise InvalidToken(f"{where}[{i}] = {token} is outside [0, {n_vocab})")
 
 
+def check_prompt_len(n_tokens: int, n_ctx: int) -> None:
+    if n_tokens >= n_ctx:
+        raise ContextOverflow(
+            f"the prompt has {n_tokens} tokens; a session's context holds {n_ctx} "
+            "and needs room for at least one new token"
+        )
+
+
 def check_round(
     committed: int,
     n_past: int,

@@ -5,10 +5,9 @@ through it, and the startup probe (invariance.py) the very same shapes."""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,12 +16,10 @@ from server.shared.runtime import LlamaRuntime
 from server.verifier.jobs import JobRows
 from server.verifier.passes import PassPlan, PassShapes
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class PassRecord:
-    """What one llama_decode was, for the metrics."""
+    """What one llama_decode was: for the metrics and the gathering policy."""
 
     kind: str  # "rounds" or "prompt"
     sessions: int  # jobs with rows of their own
@@ -32,7 +29,14 @@ class PassRecord:
     seconds: float
 
 
-PassObserver = Callable[[PassRecord], None]
+@dataclass
+class Decoded:
+    """What a decode of jobs gave: per job, its logits rows (or, tolerated, the exception
+    it failed with) and the time of the pass that computed them; every pass it made."""
+
+    outcomes: list = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    passes: list[PassRecord] = field(default_factory=list)
 
 
 class PassDecoder:
@@ -40,8 +44,6 @@ class PassDecoder:
         self.runtime = runtime
         self.n_seq = runtime.n_seq_max
         self.n_batch = runtime.n_batch
-        self.observe: PassObserver | None = None
-        self.last_seconds: dict[int, float] = {}  # seq id -> its last pass's decode time
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return self.runtime.tokenize(text, add_special=add_special)
@@ -49,30 +51,43 @@ class PassDecoder:
     def remove(self, seq_id: int, p0: int, p1: int = -1) -> None:
         self.runtime.remove(seq_id, p0, p1)
 
-    def decode_jobs(
+    def decode(
         self, jobs: Sequence[JobRows], shapes: PassShapes, tolerate: bool = False
-    ) -> list:
-        """Each job's logits rows, the jobs shaped into passes by `shapes`: rounds (jobs
-        with logits) as the planner says; prompt chunks in passes of their own, or with
-        pinned shapes, beside the rounds. A pass that fails is decoded again job by job;
-        `tolerate`: a job that fails alone gets its exception in its place (else raised)."""
+    ) -> Decoded:
+        """The jobs shaped into passes by `shapes` and decoded: rounds (jobs with logits)
+        as the planner says; prompt chunks in passes of their own, or with pinned shapes,
+        beside the rounds. A pass that fails is decoded again job by job; `tolerate`: a
+        job that fails alone gets its exception in its place (else raised)."""
         by_seq = {job.seq_id: job for job in jobs}
         planned = [j for j in jobs if j.logits or shapes.pinned_width]
         alone = [j for j in jobs if not (j.logits or shapes.pinned_width)]
         plans = shapes.plan({j.seq_id: len(j.tokens) for j in planned})
         plans += [_own_plan(j, shapes) for j in alone]
-        results: dict[int, object] = {}
+        outcomes: dict[int, object] = {}
+        seconds: dict[int, float] = {}
+        passes: list[PassRecord] = []
         for plan in plans:
             members = [by_seq[s] for s in plan.jobs]
 
             def decode(subset: Sequence[JobRows], plan: PassPlan = plan) -> list[np.ndarray]:
                 if len(subset) < len(plan.jobs):  # decoded again alone: its own shape
                     plan = _own_plan(subset[0], shapes)
-                return self._decode_pass(subset, plan)
+                rows, record = self._decode_pass(subset, plan)
+                passes.append(record)
+                seconds.update((job.seq_id, record.seconds) for job in subset)
+                return rows
 
-            outcomes = together_or_alone(members, decode) if tolerate else decode(members)
-            results.update(zip(plan.jobs, outcomes, strict=True))
-        return [results[job.seq_id] for job in jobs]
+            results = together_or_alone(members, decode) if tolerate else decode(members)
+            outcomes.update(zip(plan.jobs, results, strict=True))
+        return Decoded(
+            [outcomes[job.seq_id] for job in jobs],
+            [seconds.get(job.seq_id, 0.0) for job in jobs],
+            passes,
+        )
+
+    def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]:
+        """Each job's logits rows (the startup probe); a failure is raised."""
+        return self.decode(jobs, shapes).outcomes
 
     def evaluate_prompt(
         self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
@@ -82,7 +97,9 @@ class PassDecoder:
             piece = tokens[offset : offset + chunk]
             self.decode_jobs([JobRows(seq_id, start + offset, piece, False)], shapes)
 
-    def _decode_pass(self, jobs: Sequence[JobRows], plan: PassPlan) -> list[np.ndarray]:
+    def _decode_pass(
+        self, jobs: Sequence[JobRows], plan: PassPlan
+    ) -> tuple[list[np.ndarray], PassRecord]:
         """One llama_decode: the jobs' rows padded to the plan's width, filler rows for the
         plan's other sequences; padding and fillers removed after."""
         by_seq = {job.seq_id: job for job in jobs}
@@ -100,26 +117,16 @@ class PassDecoder:
         began = time.perf_counter()
         rows = decode_pieces(self.runtime, pieces)
         seconds = time.perf_counter() - began
-        self.last_seconds.update((job.seq_id, seconds) for job in jobs)
-        if self.observe is not None:
-            self._record(jobs, pieces, seconds)
-        return [rows[job.seq_id - plan.first] for job in jobs]
-
-    def _record(self, jobs: Sequence[JobRows], pieces: Sequence[Piece], seconds: float) -> None:
         seq_ids = [p.seq_id for p in pieces for _ in p.tokens]
-        try:
-            self.observe(
-                PassRecord(
-                    kind="rounds" if any(j.logits for j in jobs) else "prompt",
-                    sessions=len(jobs),
-                    rows=len(seq_ids),
-                    real_rows=sum(len(j.tokens) for j in jobs),
-                    forward_passes=len(forward_passes(seq_ids, self.runtime.n_batch)),
-                    seconds=seconds,
-                )
-            )
-        except Exception:  # metrics never cost a round its answer
-            log.exception("could not record a pass")
+        record = PassRecord(
+            kind="rounds" if any(j.logits for j in jobs) else "prompt",
+            sessions=len(jobs),
+            rows=len(seq_ids),
+            real_rows=sum(len(j.tokens) for j in jobs),
+            forward_passes=len(forward_passes(seq_ids, self.runtime.n_batch)),
+            seconds=seconds,
+        )
+        return [rows[job.seq_id - plan.first] for job in jobs], record
 
 
 def _own_plan(job: JobRows, shapes: PassShapes) -> PassPlan:

@@ -155,6 +155,28 @@ class Gatherer:
         due = max(at + RETURN_SLACK * mean for at, mean in awaited)
         return min(due, min(at for at, _ in awaited) + fixed)
 
+    def hold(self, wake: threading.Condition, waiting: Callable[[], bool]) -> float | None:
+        """Wait on `wake` (held by the caller; whoever queues a round notifies it) while
+        `waiting()` and the deadline has not passed; the seconds held, None if it did not
+        hold."""
+        began = time.perf_counter()
+        held = False
+        while waiting():
+            deadline = self.deadline()
+            if deadline is None:
+                break
+            left = deadline - self.clock()
+            if left <= 0:
+                self.gave_up(held)
+                break
+            held = True
+            wake.wait(timeout=left)
+        if not held:
+            return None
+        seconds = time.perf_counter() - began
+        self.held(seconds)
+        return seconds
+
     def gave_up(self, held: bool) -> list[SessionKey]:
         """The deadline passed with these sessions not back. If a hold waited for them
         (`held`), those it waited for in vain sit out their next 2, 4, 8, ... answers

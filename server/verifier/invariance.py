@@ -36,6 +36,7 @@ import numpy as np
 
 from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
+from server.verifier.settings import VerifierSettings
 
 PROBE_TEXT = (
     "Speculative decoding checks a whole draft in one pass, so the numbers must not "
@@ -105,6 +106,33 @@ def prompt_chunks(n_batch: int, requested: int, reuse: bool, shortest: int) -> l
     if requested or not reuse:
         return [first]
     return [first, *(n for n in AUTO_PROMPT_CHUNKS if shortest <= n < first)]
+
+
+def probe_engine(
+    decoder: ProbeTarget, settings: VerifierSettings, reuse: bool
+) -> tuple[InvarianceReport, PassShapes]:
+    """The engine's probe, from its settings: the report, and the pass shapes to use
+    (pinned or free, each pass's cost in rows measured unless the settings give it)."""
+    max_draft = settings.max_draft
+    free = PassShapes(
+        n_seq=decoder.n_seq,
+        max_rows=min(decoder.n_batch, decoder.n_seq * (max_draft + 1)),
+        pass_cost_rows=settings.pass_cost_rows,
+    )
+    report = probe(
+        decoder,
+        free,
+        round_rows=max_draft + 1,
+        pin=settings.pin_shapes,
+        pin_width=settings.pin_width or max_draft + 1,
+        prompt_chunks=prompt_chunks(decoder.n_batch, settings.prompt_chunk, reuse, max_draft + 1),
+    )
+    shapes = replace(
+        free,
+        pass_cost_rows=settings.pass_cost_rows or report.pass_cost_rows,
+        pinned_width=report.pinned_width,
+    )
+    return report, shapes
 
 
 def probe(

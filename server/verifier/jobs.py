@@ -9,16 +9,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from server.verifier.sessions import Session
+from server.shared.protocol import PrefillResponse
+from server.verifier.sessions import Reservation, Session
 
 
 @dataclass(eq=False)
 class PrefillWork:
     session: Session
     to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
-    evaluated: int = 0  # starts at `reused`: those tokens' cells were already there
-    reused: int = 0  # taken from a cached prefix of the same API key
+    reservation: Reservation  # its sequence: how many tokens were reused, what made room
+    evaluated: int = 0  # starts at the reused tokens: their cells were already there
     closed: bool = False  # finished or undone: nothing of it is left to run
+
+    def __post_init__(self) -> None:
+        self.evaluated = self.evaluated or self.reservation.reused
 
     @property
     def remaining(self) -> int:
@@ -42,6 +46,16 @@ class VerifyWork:
 
 
 Work = PrefillWork | VerifyWork
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A prompt evaluated: the answer for the client, and the very session it opened
+    (a cleanup ends that one, never another opened since under the same id)."""
+
+    response: PrefillResponse
+    session: Session
+    reservation: Reservation
 
 
 @dataclass(frozen=True, slots=True)

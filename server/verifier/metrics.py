@@ -128,8 +128,8 @@ class VerifierMetrics:
         )
         self.cycle_rounds = Histogram(
             "verifier_cycle_rounds",
-            "rounds decoded in one cycle of the scheduler (one or more llama_decode calls: "
-            "sessions far apart in the KV cache take passes of their own)",
+            "rounds decoded in one engine step (one or more llama_decode calls: sessions "
+            "far apart in the KV cache take passes of their own)",
             buckets=[float(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)],
             registry=r,
         )
@@ -187,7 +187,7 @@ class VerifierMetrics:
         self._lock = threading.Lock()
 
     def observe_pass(self, record) -> None:
-        """One llama_decode (server.verifier.engine.PassRecord)."""
+        """One llama_decode (server.verifier.decoder.PassRecord)."""
         self.decodes.labels(record.kind).inc()
         self.forward_passes.labels(record.kind).inc(record.forward_passes)
         if record.kind == "rounds":
@@ -196,6 +196,20 @@ class VerifierMetrics:
         self.shaping_rows.labels(record.kind).inc(record.rows - record.real_rows)
         self.decode_seconds.labels(record.kind).observe(record.seconds)
         self.decoded_tokens.inc(record.real_rows)
+
+    def observe_step(self, step) -> None:
+        """What one engine step did (server.verifier.cycle.Step)."""
+        for record in step.passes:
+            self.observe_pass(record)
+        if step.rounds_decoded:
+            self.cycle_rounds.observe(step.rounds_decoded)
+        for drafted, accepted in step.rounds:
+            self.observe_round(drafted, accepted)
+        self.replayed_rounds.inc(step.replayed)
+        self.evicted_sessions.inc(step.evicted)
+        self.moved_sequences.inc(step.moved)
+        self.prompt_tokens_reused.inc(step.prompt_tokens_reused)
+        self.prompt_tokens_evaluated.inc(step.prompt_tokens_evaluated)
 
     def observe_round(self, drafted: int, accepted: int) -> None:
         self.drafted_tokens.inc(drafted)

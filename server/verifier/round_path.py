@@ -1,10 +1,10 @@
 """POST /verify, the one request of every round: its answer, and a short path to it.
 
-`answer_round` is the round, for the FastAPI route (routes/sessions.py) and for
-`VerifyFastPath`, a pure ASGI step that answers POST /verify after the request metrics,
+`VerifyFastPath` is a pure ASGI step that answers POST /verify after the request metrics,
 the API-key guard and the body limit have seen it, and before Starlette's routing,
 exception middleware and FastAPI's request handling: the same validation, the same
-errors (server/verifier/errors.py), the same metrics. It is on by default because it is
+errors (server/verifier/errors.py), the same metrics, the same service call as the route
+(routes/sessions.py). It is on by default because it is
 measured to pay (`scripts/bench_overhead.py`, docs/performance.md); with
 VERIFIER_VERIFY_FAST_PATH=false the route answers.
 """
@@ -15,34 +15,15 @@ import logging
 
 from pydantic import ValidationError
 
-from server.shared.protocol import SESSION_ID_HEADER, VerifyRequest, VerifyResponse
-from server.verifier.checks import routing_header, session_id_named
+from server.shared.protocol import SESSION_ID_HEADER, VerifyRequest
 from server.verifier.errors import APIError, describe_validation, send_error, send_json
 from server.verifier.paths import route_path
-from server.verifier.state import AppState, scheduler_of
+from server.verifier.state import AppState, service_of
 
 log = logging.getLogger(__name__)
 
 PATH = "/verify"
 ROUTING_HEADER = SESSION_ID_HEADER.lower().encode()
-
-
-async def answer_round(
-    state: AppState, request: VerifyRequest, routing: list[str], owner: str
-) -> VerifyResponse:
-    """The round decoded (server/verifier/scheduler.py); `routing`: its X-Session-Id
-    headers, which must name its session."""
-    session_id_named(routing_header(routing), request.session_id)
-    return await scheduler_of(state).verify(request, owner)
-
-
-async def record_round(state: AppState, request: VerifyRequest, response: VerifyResponse) -> None:
-    """Counted once, after the answer is on its way; a replay's answer was counted with
-    its round."""
-    if response._counted:
-        return
-    response._counted = True
-    state.metrics.observe_round(len(request.draft_tokens), response.accepted_prefix_len)
 
 
 def json_body(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -85,7 +66,7 @@ class VerifyFastPath:
                     "VerifyRequest", [{"type": "missing", "loc": ("body",), "input": None}]
                 )
             request = VerifyRequest.model_validate_json(body)
-            response = await answer_round(state, request, routing, owner)
+            response = await service_of(state).verify(request, owner, routing)
         except ValidationError as exc:
             return await send_error(send, *describe_validation(exc.errors()))
         except APIError as exc:
@@ -95,7 +76,6 @@ class VerifyFastPath:
             log.exception("unexpected error in POST /verify")
             return await send_error(send, 500, "internal_error", f"{type(exc).__name__}: {exc}")
         await send_json(send, 200, response.model_dump_json().encode())
-        await record_round(state, request, response)
 
     @property
     def path(self) -> str:

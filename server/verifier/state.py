@@ -1,17 +1,16 @@
-"""What the app holds while it runs: the engine once loaded, its scheduler, its metrics."""
+"""What the app holds while it runs: its settings and metrics, and the service once the
+model is loaded."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from server.verifier.engine import Engine
 from server.verifier.errors import ModelNotReady
 from server.verifier.metrics import VerifierMetrics
-from server.verifier.scheduler import BatchScheduler
+from server.verifier.service import VerifierService
 from server.verifier.settings import VerifierSettings
 
 
@@ -19,12 +18,8 @@ from server.verifier.settings import VerifierSettings
 class AppState:
     settings: VerifierSettings
     metrics: VerifierMetrics
-    engine: Engine | None = None
-    scheduler: BatchScheduler | None = None
+    service: VerifierService | None = None
     load_error: str | None = None
-    # GET /vocab's file, written once on first demand (server/vocab_file.py).
-    vocab_file: bytes | None = None
-    vocab_file_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 # The dependencies are coroutines: FastAPI runs a plain function dependency in a worker
@@ -33,13 +28,13 @@ async def get_state(request: Request) -> AppState:
     return request.app.state.verifier
 
 
-def scheduler_of(state: AppState) -> BatchScheduler:
-    """The running scheduler, or 503 while the model loads (or failed to)."""
-    if state.scheduler is None:
+def service_of(state: AppState) -> VerifierService:
+    """The running service, or 503 while the model loads (or failed to)."""
+    if state.service is None:
         if state.load_error:
             raise ModelNotReady(f"the model failed to load: {state.load_error}")
         raise ModelNotReady()
-    return state.scheduler
+    return state.service
 
 
 def key_id(request: Request) -> str:
@@ -47,9 +42,9 @@ def key_id(request: Request) -> str:
     return getattr(request.state, "key_id", "anonymous")
 
 
-async def get_scheduler(state: Annotated[AppState, Depends(get_state)]) -> BatchScheduler:
-    return scheduler_of(state)
+async def get_service(state: Annotated[AppState, Depends(get_state)]) -> VerifierService:
+    return service_of(state)
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
-SchedulerDep = Annotated[BatchScheduler, Depends(get_scheduler)]
+ServiceDep = Annotated[VerifierService, Depends(get_service)]

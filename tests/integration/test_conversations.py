@@ -3,7 +3,7 @@ what both sides cached, requests at once, and clients that leave.
 
 Reuse must never change a word: every turn is compared with the same turn against a
 verifier whose prompt reuse is off (prompts cut in the same chunks, see
-server/invariance.py). States that depend on timing (a generation running, a client gone)
+server/verifier/invariance.py). States that depend on timing (a generation running, a client gone)
 are reached through a verifier proxy that holds rounds at a gate, never by waiting."""
 
 from __future__ import annotations

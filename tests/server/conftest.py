@@ -41,4 +41,4 @@ def client(verifier_model) -> Iterator[TestClient]:
 
 @pytest.fixture
 def engine(client):
-    return client.app.state.verifier.engine
+    return client.app.state.verifier.service.engine

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scripts.harness.metrics import Metrics
+from tests.fixtures.invariants import check_engine
 from tests.server.conftest import MAX_DRAFT, verifier_client
 
 PROMPT = "The three primary colours are"
@@ -417,7 +418,7 @@ def test_this_cpu_build_is_batch_invariant_and_greedy_says_lossless(client, engi
     assert engine.invariance.positions == MAX_DRAFT + 1 and engine.invariance.argmax_agrees
     assert info["pinned_width"] == 0  # free shapes are exact here: nothing pinned
     assert prefill(client)["lossless"] is True
-    engine.check_invariants()
+    check_engine(engine)
 
 
 def test_draft_probs_must_match_the_draft_in_a_greedy_session_too(client, engine):
@@ -444,7 +445,7 @@ def test_draft_probs_must_match_the_draft_in_a_greedy_session_too(client, engine
 def test_an_unexpected_failure_in_verify_is_a_500_error_body(client, monkeypatch):
     from fastapi.testclient import TestClient
 
-    scheduler = client.app.state.verifier.scheduler
+    scheduler = client.app.state.verifier.service.scheduler
 
     async def broken(request, owner="anonymous"):
         raise RuntimeError("a bug")
@@ -506,7 +507,7 @@ def test_the_probe_decides_prompt_reuse_and_a_next_turn_answers_as_cold(client, 
         n_past = step["total_tokens"]
     alone = generate(client, 12, prompt_tokens=turn)
     assert len(alone) >= 4 and got[: len(alone)] == alone
-    engine.check_invariants()
+    check_engine(engine)
 
 
 def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
@@ -534,7 +535,7 @@ def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
             info = test_client.get("/info").json()
             assert info["prefill_chunk_invariant"] is True
             assert info["prefix_cache"] is prefix_cache
-            runtime = test_client.app.state.verifier.engine.runtime
+            runtime = test_client.app.state.verifier.service.engine.runtime
             first = prefill(test_client, prompt="A short story about a lighthouse keeper. " * 6)
             n_past, history = first["total_tokens"], list(first["prompt_ids"])
             for draft in ([], [28, 30], []):
@@ -605,10 +606,10 @@ def test_the_vocabulary_file_is_built_once_however_many_ask_at_once(client, monk
     file, written once: the build reads the whole model's metadata."""
     import threading
 
-    import server.verifier.routes.service as service
+    import server.verifier.service as service
 
-    state = client.app.state.verifier
-    monkeypatch.setattr(state, "vocab_file", None)
+    service_state = client.app.state.verifier.service
+    monkeypatch.setattr(service_state, "_vocab_file", None)
     builds: list[object] = []
     build = service.vocab_only_gguf
 
@@ -659,7 +660,7 @@ def test_a_prefill_whose_client_hung_up_leaves_no_session(client, engine):
         "server": ("testserver", 80),
     }
     client.portal.call(client.app, scope, receive, send)
-    engine.check_invariants()  # every sequence free, reserved or held: none leaked
+    check_engine(engine)  # every sequence free, reserved or held: none leaked
     assert_error(client.delete(f"/sessions/{session_id}"), 404, "session_not_found")
     # The id is free again: a client that chose it and retries opens its session.
     assert prefill(client, prompt=PROMPT, session_id=session_id)["session_id"] == session_id

@@ -105,3 +105,28 @@ def test_every_bad_request_is_a_4xx_with_the_error_body(client, session):
         got += step["tokens"]
         total = step["total_tokens"]
     assert got == expected["tokens"]
+
+
+def test_the_documented_codes_of_limits_that_no_other_test_names(client, verifier_model):
+    """docs/protocol.md's statuses for a /generate past the server's limit, a temperature
+    too small to be finite, and a loading model (503 with Retry-After, /health 503)."""
+    from fastapi.testclient import TestClient
+
+    from server.verifier.app import create_app
+    from server.verifier.settings import VerifierSettings
+    from tests.server.test_api import assert_error
+
+    limit = client.app.state.verifier.settings.max_generate_tokens
+    too_long = client.post("/generate", json={"prompt": "x", "max_tokens": limit + 1})
+    assert_error(too_long, 400, "context_overflow")
+    tiny = client.post("/prefill", json={"prompt": "x", "sampling": {"temperature": 1e-6}})
+    assert tiny.status_code == 422 and tiny.json()["error"]["code"] == 422
+    missing = VerifierSettings(
+        model_path=verifier_model.parent / "absent.gguf", wait_for_model=True
+    )
+    with TestClient(create_app(missing)) as waiting:
+        health = waiting.get("/health")
+        assert health.status_code == 503 and health.json()["status"] in ("loading", "error")
+        refused = waiting.post("/prefill", json={"prompt": "x"})
+        assert_error(refused, 503, "model_loading")
+        assert refused.headers["Retry-After"]

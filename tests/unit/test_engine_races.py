@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
-from server.verifier import engine as engine_module
-from server.verifier.engine import Engine
+from server.verifier import rounds as rounds_module
+from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import (
     DecodeFailed,
     EngineInterrupted,
@@ -31,7 +31,8 @@ from server.verifier.errors import (
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
-from tests.fixtures.stepped import stepped_scheduler
+from tests.fixtures.invariants import check_engine
+from tests.fixtures.stepped import core_settings, make_engine, prefilled, stepped_scheduler
 
 MAX_DRAFT = 8
 
@@ -40,7 +41,7 @@ def build(
     *, max_sessions: int = 4, n_batch: int = 64, inline: bool = False, ttl_s: float = 600.0
 ) -> tuple[FakeRuntime, Engine, BatchScheduler]:
     runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=n_batch)
-    engine = Engine(runtime, max_draft=MAX_DRAFT)
+    engine = make_engine(runtime, max_draft=MAX_DRAFT)
     scheduler = stepped_scheduler(engine, session_ttl_s=ttl_s, inline=inline)
     return runtime, engine, scheduler
 
@@ -54,7 +55,7 @@ async def drive(scheduler: BatchScheduler, *calls) -> list:
             await asyncio.sleep(0)
         if all(task.done() for task in tasks):
             break
-        scheduler.run_pass()
+        scheduler.run_step()
     else:
         raise AssertionError("calls still pending after 200 passes")
     return await asyncio.gather(*tasks, return_exceptions=True)
@@ -66,7 +67,7 @@ def run(coro):
 
 async def open_session(scheduler: BatchScheduler, prompt: str, **request) -> dict:
     (response,) = await drive(
-        scheduler, scheduler.prefill(PrefillRequest(prompt=prompt, **request))
+        scheduler, prefilled(scheduler, PrefillRequest(prompt=prompt, **request))
     )
     assert not isinstance(response, Exception), response
     return {"id": response.session_id, "ids": response.prompt_ids, "n_past": response.total_tokens}
@@ -93,7 +94,7 @@ def assert_consistent(
 ) -> None:
     """No seq id lost or doubled; each live session's cells are exactly its committed
     tokens but the pending one; every other sequence is empty; nothing left in flight."""
-    engine.check_invariants()
+    check_engine(engine)
     if scheduler is not None:
         assert scheduler.queue_depth == 0 and not scheduler._rounds
     live = {}
@@ -192,7 +193,7 @@ def test_the_engine_never_holds_two_rounds_of_one_session():
     work = engine.begin_verify(request)
     with pytest.raises(SessionBusy):
         engine.begin_verify(request.model_copy(update={"draft_tokens": [9]}))
-    (response,) = engine.run([work])
+    (response,) = engine.run([work]).results
     assert engine.begin_verify(request) is response  # a replay: the recorded answer
     assert_consistent(runtime, engine)
 
@@ -232,8 +233,8 @@ def test_a_delete_queued_behind_a_round_waits_for_it_and_frees_nothing_early():
         answers = await drive(
             scheduler,
             scheduler.verify(verify_request(s, expected_s[:2])),
-            scheduler.call(lambda: engine.delete_session(s["id"]), s["id"]),
-            scheduler.prefill(PrefillRequest(prompt="a newcomer")),
+            scheduler.call(lambda: engine.sessions.delete(s["id"]), s["id"]),
+            prefilled(scheduler, PrefillRequest(prompt="a newcomer")),
         )
         round_s, deleted, newcomer = answers
         assert round_s.tokens == expected_s[:3]
@@ -261,27 +262,28 @@ def test_expiry_and_eviction_never_take_a_session_with_a_round():
         works.append(prefill.session)
     busy, idle = works
     work = engine.begin_verify(VerifyRequest(session_id=busy.session_id, n_past=len(busy.tokens)))
-    assert engine.expire_idle(-1.0, 600.0) == [idle.session_id]  # expired: only the idle one
+    assert engine.sessions.expire(-1.0, 600.0) == [idle.session_id]  # expired: only the idle one
     engine.begin_prefill(PrefillRequest(prompt="takes the free one"))
     with pytest.raises(ServerFull):  # nothing idle left to evict
         engine.begin_prefill(PrefillRequest(prompt="one too many"))
     with pytest.raises(SessionBusy):
-        engine.delete_session(busy.session_id)
-    (response,) = engine.run([work])
+        engine.sessions.delete(busy.session_id)
+    (response,) = engine.run([work]).results
     expected = runtime.reference_greedy(busy.tokens[: busy.prompt_len], 1)
     assert response.tokens == expected
-    engine.check_invariants()
+    check_engine(engine)
 
 
 def test_the_sweep_keeps_sessions_with_work_queued():
-    runtime, engine, scheduler = build(ttl_s=-1.0)  # every idle session is past it
+    runtime, engine, scheduler = build()
+    scheduler.settings = scheduler.settings.model_copy(update={"session_ttl_s": -1.0})
 
     async def scenario():
         waiting = await open_session(scheduler, "queued")
         await open_session(scheduler, "not queued")
         task = asyncio.ensure_future(scheduler.verify(verify_request(waiting, [])))
         await asyncio.sleep(0)
-        scheduler._sweep(force=True)  # runs between passes, with the round still queued
+        scheduler.sweep()  # every idle session is past its TTL; the round is still queued
         assert engine.session_count == 1
         (answer,) = await drive(scheduler, task)
         assert answer.tokens == runtime.reference_greedy(waiting["ids"], 1)
@@ -328,7 +330,7 @@ def test_a_decode_failing_for_one_job_of_four_fails_only_that_job():
 def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strategy):
     runtime, engine, scheduler = build()
     sampling = {} if strategy == "greedy" else {"sampling": SamplingParams(temperature=0.8, seed=7)}
-    real_judge = engine_module.judge
+    real_judge = rounds_module.judge
     broken = {}
 
     def judge(strategy, draft_tokens, *args):
@@ -337,7 +339,7 @@ def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strat
             raise RuntimeError("a bug after the decode")
         return verdict
 
-    monkeypatch.setattr(engine_module, "judge", judge)
+    monkeypatch.setattr(rounds_module, "judge", judge)
 
     async def scenario():
         victim = await open_session(scheduler, "victim", strategy=strategy, **sampling)
@@ -376,10 +378,10 @@ def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_the_others():
 
         runtime.fail_decode = second_chunk_of_the_long_prompt
         # 24 tokens to evaluate: a chunk of 16, then 8; each chunk is decoded on its own.
-        long_prompt = scheduler.prefill(PrefillRequest(prompt="x" * 24))
+        long_prompt = prefilled(scheduler, PrefillRequest(prompt="x" * 24))
         task = asyncio.ensure_future(long_prompt)
         await asyncio.sleep(0)
-        scheduler.run_pass()  # the first chunk goes in
+        scheduler.run_step()  # the first chunk goes in
         seq_of["long"] = next(iter(engine.sessions.reserved))
         failed, answer = await drive(
             scheduler, task, scheduler.verify(verify_request(session, expected[:2]))
@@ -472,7 +474,6 @@ def test_draft_probs_must_match_the_draft_whatever_the_strategy(strategy):
 def test_metrics_that_fail_never_cost_a_round_its_answer(monkeypatch):
     runtime, engine, scheduler = build(inline=True)
     monkeypatch.setattr(scheduler.metrics, "observe_pass", _raise)
-    engine.decoder.observe = scheduler.metrics.observe_pass
 
     async def scenario():
         session = await open_session(scheduler, "counted or not")
@@ -485,15 +486,18 @@ def test_metrics_that_fail_never_cost_a_round_its_answer(monkeypatch):
 
 def test_the_engine_thread_survives_a_failing_sweep(monkeypatch):
     runtime = FakeRuntime()
-    engine = Engine(runtime, max_draft=MAX_DRAFT)
-    monkeypatch.setattr(engine, "expire_idle", _raise)
+    engine = make_engine(runtime, max_draft=MAX_DRAFT)
+    monkeypatch.setattr(engine.sessions, "expire", _raise)
     scheduler = BatchScheduler(
-        engine, VerifierMetrics(4, MAX_DRAFT), max_queue=8, session_ttl_s=1.0, inline_rounds=False
+        engine,
+        VerifierMetrics(4, MAX_DRAFT),
+        core_settings(max_queue=8, session_ttl_s=1.0, inline_rounds=False),
     )
+    scheduler.start()
 
     async def scenario():
         scheduler._last_sweep = float("-inf")  # the next pass sweeps, and the sweep fails
-        prefill = await asyncio.wait_for(scheduler.prefill(PrefillRequest(prompt="a")), 60)
+        prefill = await asyncio.wait_for(prefilled(scheduler, PrefillRequest(prompt="a")), 60)
         scheduler._last_sweep = float("-inf")
         request = VerifyRequest(session_id=prefill.session_id, n_past=prefill.total_tokens)
         answer = await asyncio.wait_for(scheduler.verify(request), 60)
@@ -552,29 +556,29 @@ def test_a_lone_round_decoded_inline_equals_a_queued_one():
 
 
 def test_the_probe_finds_a_batch_invariant_runtime_invariant():
-    engine = Engine(FakeRuntime(), max_draft=MAX_DRAFT)
+    engine = make_engine(FakeRuntime(), max_draft=MAX_DRAFT)
     assert engine.invariance.batch_invariant
     assert engine.invariance.max_abs_diff == 0.0
-    assert engine.info().batch_invariant and engine.info().strategies["greedy"]
-    engine.check_invariants()
+    assert engine_info(engine).batch_invariant and engine_info(engine).strategies["greedy"]
+    check_engine(engine)
 
 
 def test_the_probe_decides_lossless_when_logits_depend_on_the_pass():
     runtime = FakeRuntime(kernel=switches_by_rows())
-    engine = Engine(runtime, max_draft=MAX_DRAFT, pin_shapes="off")
+    engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes="off")
     assert not engine.invariance.batch_invariant
-    info = engine.info()
+    info = engine_info(engine)
     assert info.batch_invariant is False and info.batch_max_diff > 0
     assert info.strategies["greedy"] is False and info.strategies["rejection"] is True
     prefill = engine.begin_prefill(PrefillRequest(prompt="abc"))
-    (response,) = engine.run([], [prefill])
-    assert response.lossless is False
-    engine.check_invariants()
+    (opened,) = engine.run([], [prefill]).results
+    assert opened.response.lossless is False
+    check_engine(engine)
 
 
 def test_the_probe_leaves_its_sequences_empty():
     runtime = FakeRuntime()
-    Engine(runtime, max_draft=MAX_DRAFT)
+    make_engine(runtime, max_draft=MAX_DRAFT)
     assert all(cells == [] for cells in runtime.cells.values())
     assert len(runtime.decodes) > 3  # it did decode, several ways
 
@@ -599,14 +603,14 @@ def test_a_prompt_is_cut_at_the_same_places_however_busy_the_engine():
 
     def chunks_and_answer(busy: bool):
         runtime = FakeRuntime(n_batch=64, kernel=switches_by_rows(seq_rows=12, pass_rows=999))
-        engine = Engine(runtime, max_draft=MAX_DRAFT, prompt_chunk=16)
+        engine = make_engine(runtime, max_draft=MAX_DRAFT, prompt_chunk=16)
         scheduler = stepped_scheduler(engine)
 
         async def scenario():
             others = [await open_session(scheduler, f"other {i}") for i in range(2)] if busy else []
             first = len(runtime.decodes)
             calls = [scheduler.verify(verify_request(o, [3, 4, 5])) for o in others]
-            calls.insert(1 if busy else 0, scheduler.prefill(PrefillRequest(prompt="y" * 40)))
+            calls.insert(1 if busy else 0, prefilled(scheduler, PrefillRequest(prompt="y" * 40)))
             answers = await drive(scheduler, *calls)
             opened = answers[1 if busy else 0]
             seq = engine.session(opened.session_id).seq_id
@@ -621,3 +625,45 @@ def test_a_prompt_is_cut_at_the_same_places_however_busy_the_engine():
     alone, busy = chunks_and_answer(False), chunks_and_answer(True)
     assert alone[0] == [16, 16, 8]
     assert busy == alone
+
+
+def test_a_round_answered_by_a_step_before_the_inline_path_gets_the_lock_is_not_run_again():
+    """The inline path checks, under the engine lock, that its round is still queued:
+    a step that ran meanwhile (here the test's own) answered it already."""
+    runtime, engine, scheduler = build(inline=True)
+
+    async def scenario():
+        session = await open_session(scheduler, "once only")
+        await open_session(scheduler, "a second session makes the inline path yield")
+        task = asyncio.ensure_future(scheduler.verify(verify_request(session, [])))
+        await asyncio.sleep(0)  # queued; the inline path yields before taking the lock
+        before = runtime.decoded_tokens_total
+        scheduler.run_step()  # the engine's step answers it first
+        answer = await task
+        assert answer.tokens == runtime.reference_greedy(session["ids"], 1)
+        assert runtime.decoded_tokens_total - before == 1  # decoded once, not again inline
+        assert scheduler.metrics.registry.get_sample_value("verifier_inline_rounds_total") == 0
+
+    run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_caller_gone_after_the_engine_took_its_round_leaves_the_answer_to_the_engine():
+    """Whoever takes the round's future out of the queue answers it: a caller cancelled
+    after a step answered its round neither answers it again nor stops the engine."""
+    runtime, engine, scheduler = build(inline=True)
+
+    async def scenario():
+        session = await open_session(scheduler, "gone late")
+        await open_session(scheduler, "a second session makes the inline path yield")
+        request = verify_request(session, [])
+        task = asyncio.ensure_future(scheduler.verify(request))
+        await asyncio.sleep(0)  # inside the inline path's yield
+        scheduler.run_step()  # answered by the step
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        (replay,) = await drive(scheduler, scheduler.verify(request))  # the retry
+        assert replay.tokens == runtime.reference_greedy(session["ids"], 1)
+
+    run(scenario())
+    assert_consistent(runtime, engine, scheduler)

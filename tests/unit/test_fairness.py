@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine
 from server.verifier.errors import ServerFull
-from server.verifier.generation import generate
+from server.verifier.service import VerifierService
 from tests.fixtures.fake_runtime import FakeRuntime
-from tests.fixtures.stepped import stepped_scheduler
+from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 MAX_DRAFT = 4
@@ -18,7 +17,7 @@ MAX_DRAFT = 4
 
 def build(max_sessions: int = 4, max_queue: int = 64, prompt_chunk: int = 0, **engine):
     runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=256, n_ctx_per_seq=512)
-    engine = Engine(
+    engine = make_engine(
         runtime,
         max_draft=MAX_DRAFT,
         prefix_cache_min_tokens=4,
@@ -38,12 +37,12 @@ async def answers_cross() -> None:
 async def until_answered(scheduler, *tasks) -> None:
     """Run passes, one at a time, until every task has its answer."""
     while not all(task.done() for task in tasks):
-        scheduler.run_pass()
+        scheduler.run_step()
         await answers_cross()
 
 
 async def opened(scheduler, prompt: str, owner: str) -> dict:
-    task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), owner))
+    task = asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt=prompt), owner))
     await asyncio.sleep(0)
     await until_answered(scheduler, task)
     response = task.result()
@@ -82,12 +81,12 @@ def test_a_keys_cached_prefix_within_its_share_outlives_another_keys_flood():
     async def scenario():
         alice = await opened(scheduler, "a long conversation of alice's, kept for later", "alice")
         await one_round(scheduler, alice, "alice")
-        engine.delete_session(alice["id"], "alice")
+        engine.sessions.delete(alice["id"], "alice")
         for i in range(8):
             await opened(scheduler, f"mallory floods the table {i}", "mallory")
         assert [p.owner for p in engine.sessions.cached_prefixes.values()] == ["alice"]
         prompt = "a long conversation of alice's, kept for later"
-        task = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=prompt), "alice"))
+        task = asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt=prompt), "alice"))
         await asyncio.sleep(0)
         await until_answered(scheduler, task)
         assert task.result().cached_tokens == task.result().prompt_len - 1  # all reused
@@ -138,10 +137,10 @@ def test_cached_prefixes_expire_after_their_ttl():
     work = engine.begin_prefill(PrefillRequest(prompt="a prefix worth keeping"), owner="a")
     while not work.closed:
         engine.run([], [work])
-    engine.delete_session(work.session.session_id, "a")
+    engine.sessions.delete(work.session.session_id, "a")
     assert len(engine.sessions.cached_prefixes) == 1
-    assert engine.expire_idle(600.0, 600.0) == [] and len(engine.sessions.cached_prefixes) == 1
-    engine.expire_idle(600.0, -1.0)
+    assert engine.sessions.expire(600.0, 600.0) == [] and len(engine.sessions.cached_prefixes) == 1
+    engine.sessions.expire(600.0, -1.0)
     assert engine.sessions.cached_prefixes == {}
     assert_consistent(runtime, engine)
 
@@ -152,7 +151,9 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
     async def scenario():
         alice = await opened(scheduler, "alice's session", "alice")
         flood = [
-            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=f"flood {i}"), "mallory"))
+            asyncio.ensure_future(
+                prefilled(scheduler, PrefillRequest(prompt=f"flood {i}"), "mallory")
+            )
             for i in range(8)
         ]
         await asyncio.sleep(0)
@@ -175,17 +176,19 @@ def test_an_admitted_generation_is_never_refused_halfway_by_its_own_keys_queue()
 
     async def scenario():
         generation = asyncio.ensure_future(
-            generate(scheduler, GenerateRequest(prompt="count with me", max_tokens=4))
+            VerifierService(scheduler).generate(
+                GenerateRequest(prompt="count with me", max_tokens=4), "anonymous"
+            )
         )
         await asyncio.sleep(0)
-        scheduler.run_pass()  # its prompt
+        scheduler.run_step()  # its prompt
         await answers_cross()
         assert scheduler.queue_depth == 1  # its first step
-        scheduler.run_pass()  # answered; the generation has not sent its next step yet
-        newcomer = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt="another")))
+        scheduler.run_step()  # answered; the generation has not sent its next step yet
+        newcomer = asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt="another")))
         await asyncio.sleep(0)
         assert not newcomer.done() and scheduler.queue_depth == 1  # let in: nothing queued
-        late = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt="one more")))
+        late = asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt="one more")))
         await asyncio.sleep(0)
         assert late.done() and isinstance(late.exception(), ServerFull)  # the key's part
         await answers_cross()  # the generation's next step, behind the newcomer
@@ -194,7 +197,7 @@ def test_an_admitted_generation_is_never_refused_halfway_by_its_own_keys_queue()
         answer = generation.result()  # every step let in: no 503 halfway
         assert answer.tokens == runtime.reference_greedy(answer.prompt_ids, 4)
         await until_answered(scheduler, newcomer)
-        engine.delete_session(newcomer.result().session_id, "anonymous")
+        engine.sessions.delete(newcomer.result().session_id, "anonymous")
 
     asyncio.run(scenario())
     assert_consistent(runtime, engine, scheduler)
@@ -206,7 +209,7 @@ def test_however_many_keys_flood_the_queue_another_keys_round_gets_in():
     async def scenario():
         dave = await opened(scheduler, "dave's session", "dave")
         flood = [
-            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=f"{key} {i}"), key))
+            asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt=f"{key} {i}"), key))
             for key in ("amy", "bob", "cat")
             for i in range(12)
         ]
@@ -228,7 +231,7 @@ def test_a_key_within_its_share_gives_up_its_own_prefix_when_the_others_are_busy
     async def scenario():
         bob = [await opened(scheduler, f"bob's session {i}", "bob") for i in range(3)]
         alice = await opened(scheduler, "alice's earlier conversation", "alice")
-        engine.delete_session(alice["id"], "alice")  # kept as alice's cached prefix
+        engine.sessions.delete(alice["id"], "alice")  # kept as alice's cached prefix
         rounds = [
             asyncio.ensure_future(
                 scheduler.verify(VerifyRequest(session_id=b["id"], n_past=b["n_past"]), "bob")
@@ -236,7 +239,7 @@ def test_a_key_within_its_share_gives_up_its_own_prefix_when_the_others_are_busy
             for b in bob
         ]
         prompt = asyncio.ensure_future(
-            scheduler.prefill(PrefillRequest(prompt="something else entirely"), "alice")
+            prefilled(scheduler, PrefillRequest(prompt="something else entirely"), "alice")
         )
         await asyncio.sleep(0)
         # Bob's rounds begin first: none of his sessions is idle.
@@ -257,7 +260,7 @@ def test_a_round_waits_at_most_one_chunk_of_another_keys_long_prompt():
         alice = await opened(scheduler, "alice decodes steadily", "alice")
         alice_seq = engine.session(alice["id"]).seq_id
         long_prompt = asyncio.ensure_future(
-            scheduler.prefill(PrefillRequest(prompt="x" * 200), "mallory")
+            prefilled(scheduler, PrefillRequest(prompt="x" * 200), "mallory")
         )
         await asyncio.sleep(0)
         expected = runtime.reference_greedy(alice["ids"], 8)
@@ -270,9 +273,10 @@ def test_a_round_waits_at_most_one_chunk_of_another_keys_long_prompt():
             )
             await asyncio.sleep(0)
             first = len(runtime.decodes)
-            scheduler.run_pass()  # one cycle: alice's round, then one chunk of the prompt
+            scheduler.run_step()  # alice's round
             await answers_cross()
-            assert task.done()  # answered in the very cycle it was queued in
+            assert task.done()  # answered in the very step it was queued in
+            scheduler.run_step()  # then one chunk of the prompt
             decoded = [{e.seq_id for e in d} for d in runtime.decodes[first:]]
             assert decoded[0] == {alice_seq} and len(decoded) == 2  # the round, one chunk
             out += task.result().tokens
@@ -292,7 +296,7 @@ def test_two_keys_long_prompts_take_turns_chunk_by_chunk():
         owners = ["mallory", "mallory", "alice"]  # mallory queued two prompts, then alice
         first = len(runtime.decodes)
         tasks = [
-            asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt=c * 80), owner))
+            asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt=c * 80), owner))
             for c, owner in zip("abc", owners, strict=True)
         ]
         await asyncio.sleep(0)
@@ -321,7 +325,7 @@ def test_a_hundred_rounds_of_one_key_do_not_hold_up_another_keys_one():
             for s, owner in [*((s, "mallory") for s in sessions), (alice, "alice")]
         ]
         await asyncio.sleep(0)
-        scheduler.run_pass()
+        scheduler.run_step()
         await answers_cross()
         assert all(task.done() for task in tasks)  # every round of every key: one cycle
         assert tasks[-1].result().tokens == runtime.reference_greedy(alice["ids"], 1)

@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine
 from server.verifier.gather import (
     FORGET_AFTER_S,
     FORGIVE_AFTER,
@@ -23,6 +22,7 @@ from server.verifier.gather import (
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime
+from tests.fixtures.stepped import core_settings, make_engine, prefilled
 
 A, B, C = ("k", "a"), ("k", "b"), ("other", "c")
 COST_ROWS = 6.0
@@ -34,7 +34,7 @@ class Clock:
         self.engine_reads = 0  # reads by the scheduler's engine thread
 
     def __call__(self) -> float:
-        if threading.current_thread().name == "batch-scheduler":
+        if threading.current_thread().name == "engine":
             self.engine_reads += 1
         return self.now
 
@@ -218,18 +218,18 @@ def test_holds_never_take_more_than_their_share_of_the_decoding_time():
 
 def threaded(gather_rounds: bool = True) -> tuple[FakeRuntime, BatchScheduler, Clock]:
     runtime = FakeRuntime(n_seq_max=4, n_batch=256, n_ctx_per_seq=512)
-    engine = Engine(runtime, max_draft=4, pass_cost_rows=COST_ROWS)
+    engine = make_engine(runtime, max_draft=4, pass_cost_rows=COST_ROWS)
     metrics = VerifierMetrics(4, 4)
-    scheduler = BatchScheduler(
-        engine, metrics, max_queue=16, session_ttl_s=600, gather_rounds=gather_rounds
-    )
+    settings = core_settings(max_queue=16, gather_rounds=gather_rounds)
+    scheduler = BatchScheduler(engine, metrics, settings)
     clock = Clock()  # frozen unless the test moves it: no hold runs out by itself
     scheduler.gatherer = Gatherer(COST_ROWS, pinned=False, clock=clock)
+    scheduler.start()
     return runtime, scheduler, clock
 
 
 async def opened(scheduler: BatchScheduler, prompt: str) -> dict:
-    answer = await asyncio.wait_for(scheduler.prefill(PrefillRequest(prompt=prompt), "k"), 60)
+    answer = await asyncio.wait_for(prefilled(scheduler, PrefillRequest(prompt=prompt), "k"), 60)
     return {"id": answer.session_id, "ids": answer.prompt_ids, "n_past": answer.total_tokens}
 
 

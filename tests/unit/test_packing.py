@@ -11,13 +11,15 @@ import pytest
 from server.verifier.engine import Engine
 from server.verifier.passes import plan_passes
 from tests.fixtures.fake_runtime import FakeRuntime
+from tests.fixtures.invariants import check_table
+from tests.fixtures.stepped import make_engine
 from tests.unit.test_engine_races import assert_consistent
 from tests.unit.test_prefix_cache import MIN_REUSE, decode, open_session, random_step
 
 
 def build(max_sessions: int, pack_sessions: bool = True) -> tuple[FakeRuntime, Engine]:
     runtime = FakeRuntime(n_seq_max=max_sessions)
-    engine = Engine(
+    engine = make_engine(
         runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pack_sessions=pack_sessions
     )
     return runtime, engine
@@ -36,7 +38,7 @@ def sessions_leaving_a_prefix_between_live_ones(runtime: FakeRuntime, engine: En
     """Sessions at 0, 1, 2; the one at 1 ends, its prefix cached there."""
     prompts = [list(range(2, 12)), list(range(20, 32)), list(range(40, 50))]
     opened = [open_session(engine, prompt)[0] for prompt in prompts]
-    engine.delete_session(opened[1].session_id)
+    engine.sessions.delete(opened[1].session_id)
     assert engine.sessions.cached_prefixes.keys() == {1}
     return opened, prompts
 
@@ -60,7 +62,7 @@ def test_a_new_session_fills_the_gap_and_the_prefix_there_moves_away():
     assert decode(engine, newcomer.session_id, 8, "b") == runtime.reference_greedy(range(55, 63), 8)
     for response, prompt in zip([opened[0], opened[2]], [prompts[0], prompts[2]], strict=True):
         assert decode(engine, response.session_id, 6) == runtime.reference_greedy(prompt, 6)
-    assert engine.sessions.moved == 2
+    assert len(runtime.copies) == 2
     assert_consistent(runtime, engine)
     # Side by side, the four sessions' rounds make one pass.
     assert len(plan_passes({s: 5 for s in live_seq_ids(engine)}, 64, 10.0)) == 1
@@ -73,7 +75,7 @@ def test_without_packing_nothing_moves():
     assert engine.session(newcomer.session_id).seq_id == 3
     reused, _ = open_session(engine, [*prompts[1][:10], 60, 61])
     assert reused.cached_tokens == 10 and engine.session(reused.session_id).seq_id == 1
-    assert runtime.copies == [] and engine.sessions.moved == 0
+    assert runtime.copies == []
     assert_consistent(runtime, engine)
 
 
@@ -91,8 +93,8 @@ def test_a_move_that_joins_no_runs_is_not_made():
     runtime, engine = build(max_sessions=3)
     prompts = [list(range(2, 12)), list(range(20, 32)), list(range(40, 50))]
     opened = [open_session(engine, prompt)[0] for prompt in prompts]
-    engine.delete_session(opened[2].session_id)  # cached first: dropped first
-    engine.delete_session(opened[0].session_id)
+    engine.sessions.delete(opened[2].session_id)  # cached first: dropped first
+    engine.sessions.delete(opened[0].session_id)
     newcomer, _ = open_session(engine, list(range(55, 63)), owner="b")
     assert engine.session(newcomer.session_id).seq_id == 2
     assert engine.sessions.cached_prefixes.keys() == {0} and runtime.copies == []
@@ -111,7 +113,7 @@ def test_a_failed_move_leaves_every_id_accounted_for():
     assert decode(engine, reused.session_id, 8) == runtime.reference_greedy(
         [*prompts[1][:10], 60, 61], 8
     )
-    engine.sessions.check()
+    check_table(engine.sessions)
     assert 4 not in engine.sessions.cached_prefixes and runtime.cells[4]  # free, not empty
     # Whoever takes it next empties it first.
     opened, _ = open_session(engine, list(range(30, 40)), owner="c")
@@ -144,4 +146,4 @@ def test_sessions_coming_and_going_stay_packed_and_exact(seed):
         assert decode(engine, response.session_id, n, owner) == runtime.reference_greedy(prompt, n)
         live.append((response.session_id, owner, prompt))
         assert_consistent(runtime, engine)
-    assert engine.sessions.moved > 0  # the scenario did move sequences
+    assert runtime.copies  # the scenario did move sequences

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine
+from server.verifier.engine import engine_info
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
-from tests.fixtures.stepped import stepped_scheduler
+from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 MAX_DRAFT = 6
@@ -20,7 +20,7 @@ PROMPT = "a prompt long enough for several chunks of the pinned width, and then 
 
 def build(pin_shapes: str = "auto"):
     runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256, kernel=switches_by_rows())
-    engine = Engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
+    engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
     return runtime, engine, stepped_scheduler(engine)
 
 
@@ -29,13 +29,13 @@ async def drive(scheduler, *calls):
     while not all(task.done() for task in tasks):
         for _ in range(5):
             await asyncio.sleep(0)
-        scheduler.run_pass()
+        scheduler.run_step()
     return [task.result() for task in tasks]
 
 
 async def alone(scheduler, n: int) -> list[int]:
     """The verifier alone: the prompt, then one plain step at a time (/generate's way)."""
-    (opened,) = await drive(scheduler, scheduler.prefill(PrefillRequest(prompt=PROMPT)))
+    (opened,) = await drive(scheduler, prefilled(scheduler, PrefillRequest(prompt=PROMPT)))
     out, n_past = [], opened.total_tokens
     while len(out) < n:
         request = VerifyRequest(session_id=opened.session_id, n_past=n_past)
@@ -50,10 +50,10 @@ async def speculative(scheduler, expected: list[int], n: int) -> list[int]:
     session's rounds and a long prompt being evaluated."""
     (opened, other) = await drive(
         scheduler,
-        scheduler.prefill(PrefillRequest(prompt=PROMPT)),
-        scheduler.prefill(PrefillRequest(prompt="someone else's prompt")),
+        prefilled(scheduler, PrefillRequest(prompt=PROMPT)),
+        prefilled(scheduler, PrefillRequest(prompt="someone else's prompt")),
     )
-    busy = asyncio.ensure_future(scheduler.prefill(PrefillRequest(prompt="x" * 120)))
+    busy = asyncio.ensure_future(prefilled(scheduler, PrefillRequest(prompt="x" * 120)))
     out, n_past, other_past, k = [], opened.total_tokens, other.total_tokens, 0
     while len(out) < n:
         draft = list(expected[len(out) : len(out) + k])
@@ -77,12 +77,12 @@ async def speculative(scheduler, expected: list[int], n: int) -> list[int]:
 
 def test_the_probe_pins_shapes_where_free_ones_are_not_exact():
     _, engine, _ = build()
-    info = engine.info()
+    info = engine_info(engine)
     assert info.pinned_width == MAX_DRAFT + 1 and info.batch_invariant
     assert info.strategies["greedy"] is True
     assert engine.prompt_chunk == MAX_DRAFT + 1  # prompts go at the pinned width too
     _, free, _ = build(pin_shapes="off")
-    assert free.info().pinned_width == 0 and not free.info().batch_invariant
+    assert engine_info(free).pinned_width == 0 and not engine_info(free).batch_invariant
 
 
 def test_with_pinned_shapes_greedy_speculation_equals_the_verifier_alone():

@@ -12,8 +12,9 @@ import random
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine
+from server.verifier.engine import Engine, engine_info
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
+from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 MIN_REUSE = 4
@@ -21,7 +22,9 @@ MIN_REUSE = 4
 
 def build(max_sessions: int = 4, pin_shapes: str = "auto", **runtime) -> tuple[FakeRuntime, Engine]:
     runtime = FakeRuntime(n_seq_max=max_sessions, **runtime)
-    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pin_shapes=pin_shapes)
+    engine = make_engine(
+        runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, pin_shapes=pin_shapes
+    )
     return runtime, engine
 
 
@@ -34,9 +37,9 @@ def open_session(
     )
     response = None
     while not work.closed:  # a chunk at a time, as the scheduler runs them
-        (response,) = engine.run([], [work])
+        (response,) = engine.run([], [work]).results
         assert not isinstance(response, Exception), response
-    return response, work
+    return response.response, work
 
 
 def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[int]:
@@ -46,7 +49,7 @@ def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[in
         work = engine.begin_verify(
             VerifyRequest(session_id=session_id, n_past=len(session.tokens)), owner
         )
-        (response,) = engine.run([work])
+        (response,) = engine.run([work]).results
         out += response.tokens
     return out[:n]
 
@@ -55,7 +58,7 @@ def test_a_prompt_sharing_a_prefix_evaluates_only_the_rest_and_answers_as_cold()
     runtime, engine = build()
     first, _ = open_session(engine, list(range(2, 30)))
     decode(engine, first.session_id, 6)
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     assert len(engine.sessions.cached_prefixes) == 1
     prompt = [*range(2, 22), 40, 41, 42]  # 20 tokens in common, then other ones
     before = runtime.decoded_tokens_total
@@ -72,7 +75,7 @@ def test_the_next_turn_of_a_conversation_reuses_everything_committed():
     first, _ = open_session(engine, list(range(2, 40)))
     decode(engine, first.session_id, 12)
     history = list(engine.session(first.session_id).tokens)
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     turn = [*history, 50, 51, 52]
     second, _ = open_session(engine, turn)
     assert second.cached_tokens == len(history) - 1  # all but the never-evaluated last
@@ -83,7 +86,7 @@ def test_the_next_turn_of_a_conversation_reuses_everything_committed():
 def test_a_prompt_equal_to_a_cached_prefix_still_evaluates_its_last_token():
     runtime, engine = build()
     first, _ = open_session(engine, list(range(2, 20)))
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     again, _ = open_session(engine, list(range(2, 19)))  # a prefix of what is cached
     assert again.cached_tokens == 16
     assert decode(engine, again.session_id, 5) == runtime.reference_greedy(range(2, 19), 5)
@@ -93,7 +96,7 @@ def test_a_prompt_equal_to_a_cached_prefix_still_evaluates_its_last_token():
 def test_another_api_key_reuses_nothing_and_short_matches_are_not_taken():
     runtime, engine = build()
     first, _ = open_session(engine, list(range(2, 30)), owner="alice")
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     other, _ = open_session(engine, list(range(2, 30)), owner="mallory")
     assert other.cached_tokens == 0
     short, _ = open_session(engine, [2, 3, 4, 50, 51, 52], owner="alice")  # 3 < MIN_REUSE
@@ -109,10 +112,10 @@ def test_a_cached_prefix_never_takes_a_live_sessions_slot():
     runtime, engine = build(max_sessions=2)
     live, _ = open_session(engine, list(range(2, 12)))
     ended, _ = open_session(engine, list(range(20, 32)))
-    engine.delete_session(ended.session_id)
-    newcomer, _ = open_session(engine, list(range(40, 52)), owner="b")  # no match
+    engine.sessions.delete(ended.session_id)
+    newcomer, work = open_session(engine, list(range(40, 52)), owner="b")  # no match
     assert newcomer.cached_tokens == 0
-    assert engine.sessions.dropped_prefixes == 1 and engine.sessions.evicted == 0
+    assert engine.sessions.cached_prefixes == {} and not work.reservation.evicted
     assert decode(engine, live.session_id, 6) == runtime.reference_greedy(range(2, 12), 6)
     assert_consistent(runtime, engine)
 
@@ -120,22 +123,24 @@ def test_a_cached_prefix_never_takes_a_live_sessions_slot():
 def test_expiry_and_the_end_of_a_generation_keep_the_prefix_eviction_does_not():
     runtime, engine = build(max_sessions=2)
     expired, _ = open_session(engine, list(range(2, 14)))
-    assert engine.expire_idle(-1.0, 600.0) == [expired.session_id]
+    assert engine.sessions.expire(-1.0, 600.0) == [expired.session_id]
     assert len(engine.sessions.cached_prefixes) == 1
     discarded, _ = open_session(engine, list(range(30, 42)), owner="b")
-    engine.discard_session(discarded.session_id)
+    engine.sessions.discard(discarded.session_id)
     assert len(engine.sessions.cached_prefixes) == 2
+    evicted = []
     for owner in ("c", "d", "e"):  # no free sequence: prefixes go first, then sessions
-        open_session(engine, [50, 51, 52, 53, 54], owner=owner)
-    assert engine.sessions.cached_prefixes == {} and engine.sessions.evicted == 1
+        _, work = open_session(engine, [50, 51, 52, 53, 54], owner=owner)
+        evicted.append(work.reservation.evicted)
+    assert engine.sessions.cached_prefixes == {} and evicted == [False, False, True]
     assert_consistent(runtime, engine)
 
 
 def test_reuse_is_off_where_batches_change_logits():
     runtime, engine = build(kernel=switches_by_rows(), pin_shapes="off")
-    assert engine.sessions.min_reuse == 0 and engine.info().prefix_cache is False
+    assert not engine.prefix_cache and engine_info(engine).prefix_cache is False
     first, _ = open_session(engine, list(range(2, 30)))
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     again, _ = open_session(engine, list(range(2, 30)))
     assert again.cached_tokens == 0
     assert_consistent(runtime, engine)
@@ -152,7 +157,7 @@ def random_step(
     if live and rng.random() < end_share:
         session_id, _, _ = live.pop(rng.randrange(len(live)))
         if session_id in {s.session_id for s in engine.sessions.sessions()}:  # not evicted
-            engine.delete_session(session_id)
+            engine.sessions.delete(session_id)
         return None
     prompt = rng.choice(STEMS)[: rng.randint(5, 14)]
     return rng.choice(["a", "b"]), prompt + [rng.randrange(2, 64) for _ in range(rng.randint(1, 4))]
@@ -182,17 +187,17 @@ def test_reuse_under_eviction_pressure_never_reuses_wrongly(seed):
 
 def test_the_probe_turns_reuse_off_where_a_prompts_chunks_change_its_logits():
     runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
-    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, prompt_chunk=128)
+    engine = make_engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE, prompt_chunk=128)
     report = engine.invariance
     assert report.batch_invariant and not report.prefill_chunk_invariant
     assert report.prefill_chunk_max_diff > 0
-    info = engine.info()
+    info = engine_info(engine)
     assert info.prefill_chunk_invariant is False and info.prefix_cache is False
-    assert engine.sessions.min_reuse == 0 and info.prompt_chunk == 128
-    plain = Engine(
+    assert not engine.prefix_cache and info.prompt_chunk == 128
+    plain = make_engine(
         FakeRuntime(n_batch=128, n_ctx_per_seq=256), max_draft=8, prefix_cache_min_tokens=4
     )
-    assert plain.invariance.prefill_chunk_invariant and plain.info().prefix_cache
+    assert plain.invariance.prefill_chunk_invariant and engine_info(plain).prefix_cache
     assert plain.prompt_chunk == 128  # exact at n_batch: nothing shorter needed
 
 
@@ -200,19 +205,19 @@ def test_with_reuse_wanted_the_probe_picks_a_prompt_chunk_short_enough_to_be_exa
     """Kernels that change from 32 rows on: prompts are cut into 16-token chunks, and a
     reused prefix (filled by a long prompt, then by rounds) answers as a cold prompt."""
     runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
-    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
-    info = engine.info()
+    engine = make_engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    info = engine_info(engine)
     assert info.prompt_chunk == 16 and info.prefill_chunk_invariant and info.prefix_cache
     history = [2 + i % 60 for i in range(88)]
     first, _ = open_session(engine, history)
     answer = decode(engine, first.session_id, 9)
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     prompt = [*history, *answer, 50, 51, 52]
     second, _ = open_session(engine, prompt)
     assert second.cached_tokens == 88 + 9 - 1  # all but the answer's pending last token
     assert decode(engine, second.session_id, 8) == runtime.reference_greedy(prompt, 8)
     runtime = FakeRuntime(kernel=switches_by_rows(32, 999), n_batch=128, n_ctx_per_seq=256)
-    without_reuse = Engine(runtime, max_draft=8)
+    without_reuse = make_engine(runtime, max_draft=8)
     assert without_reuse.prompt_chunk == 128  # no reuse: nothing to gain from short chunks
 
 
@@ -230,7 +235,7 @@ def test_a_session_whose_cells_could_not_be_cleaned_is_never_cached():
     runtime.remove = refuse_trims
     runtime.fail_decode = lambda entries: True
     work = engine.begin_verify(VerifyRequest(session_id=session.session_id, n_past=28), "a")
-    (error,) = engine.run([work])
+    (error,) = engine.run([work]).results
     runtime.remove, runtime.fail_decode = real_remove, None
     assert isinstance(error, Exception)
     assert not list(engine.sessions.sessions())  # ended cleanly, not cached
@@ -244,26 +249,21 @@ def test_the_rest_of_a_reused_prompt_is_decoded_in_whole_chunks_each_on_its_own(
     the answer is the cold prompt's."""
     import asyncio
 
-    from server.verifier.metrics import VerifierMetrics
-    from server.verifier.scheduler import BatchScheduler
-
     runtime = FakeRuntime(n_batch=16)
-    engine = Engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
-    scheduler = BatchScheduler(
-        engine, VerifierMetrics(4, 8), max_queue=8, session_ttl_s=600, start=False
-    )
+    engine = make_engine(runtime, max_draft=8, prefix_cache_min_tokens=MIN_REUSE)
+    scheduler = stepped_scheduler(engine, max_queue=8)
     first, _ = open_session(engine, list(range(2, 23)))  # 20 cells
-    engine.delete_session(first.session_id)
+    engine.sessions.delete(first.session_id)
     prompt = [*range(2, 22), *range(30, 62)]  # 20 shared, 52 in all: 51 to evaluate
 
     async def scenario():
         task = asyncio.ensure_future(
-            scheduler.prefill(PrefillRequest(prompt_tokens=prompt, add_bos=False), "a")
+            prefilled(scheduler, PrefillRequest(prompt_tokens=prompt, add_bos=False), "a")
         )
         decodes = len(runtime.decodes)
         while not task.done():
             await asyncio.sleep(0)
-            scheduler.run_pass()
+            scheduler.run_step()
         return await task, runtime.decodes[decodes:]
 
     response, chunks = asyncio.run(scenario())

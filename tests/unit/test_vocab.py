@@ -1,4 +1,4 @@
-"""llama.cpp's vocabulary compatibility rules (server/vocab.py), on made-up vocabularies."""
+"""llama.cpp's vocabulary compatibility rules (server/shared/vocab.py), on made-up vocabularies."""
 
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 
 from fastapi import Response
 from pydantic import BaseModel
-from starlette.background import BackgroundTask
 
 
-def model_json(model: BaseModel, background: BackgroundTask | None = None) -> Response:
+def model_json(model: BaseModel) -> Response:
     """A response model serialized once by pydantic. Returning the model itself would have
     FastAPI validate it again and encode it twice, on the path of every round."""
-    return Response(model.model_dump_json(), media_type="application/json", background=background)
+    return Response(model.model_dump_json(), media_type="application/json")

@@ -4,17 +4,16 @@ from fastapi import APIRouter, Request
 
 from server.shared.protocol import GenerateRequest, GenerateResponse
 from server.verifier.errors import ContextOverflow
-from server.verifier.generation import generate as run_generation
-from server.verifier.state import SchedulerDep, StateDep, key_id
+from server.verifier.state import ServiceDep, StateDep, key_id
 
 router = APIRouter(tags=["generate"])
 
 
 @router.post("/generate", response_model=GenerateResponse)
 async def generate(
-    request: GenerateRequest, scheduler: SchedulerDep, state: StateDep, http: Request
+    request: GenerateRequest, service: ServiceDep, state: StateDep, http: Request
 ) -> GenerateResponse:
     limit = state.settings.max_generate_tokens
     if request.max_tokens > limit:
         raise ContextOverflow(f"max_tokens={request.max_tokens} exceeds this server's {limit}")
-    return await run_generation(scheduler, request, key_id(http), http.is_disconnected)
+    return await service.generate(request, key_id(http), http.is_disconnected)

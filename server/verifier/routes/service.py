@@ -1,14 +1,11 @@
 """Health, model facts, the vocabulary file and metrics."""
 
-import asyncio
-
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.shared.protocol import HealthResponse, InfoResponse
-from server.verifier.state import SchedulerDep, StateDep
-from server.verifier.vocab_file import vocab_only_gguf
+from server.verifier.state import ServiceDep, StateDep
 
 router = APIRouter(tags=["service"])
 
@@ -16,8 +13,8 @@ router = APIRouter(tags=["service"])
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(state: StateDep) -> JSONResponse:
     # Never waits for the engine: it answers while a long prefill runs (at most a lone
-    # round decoded inline, see server/scheduler.py, holds it up).
-    if state.scheduler is not None:
+    # round decoded inline, see server/verifier/scheduler.py, holds it up).
+    if state.service is not None:
         return JSONResponse(HealthResponse(status="ok").model_dump(exclude_none=True))
     body = (
         HealthResponse(status="error", detail=state.load_error)
@@ -28,8 +25,8 @@ async def health(state: StateDep) -> JSONResponse:
 
 
 @router.get("/info", response_model=InfoResponse)
-async def info(scheduler: SchedulerDep) -> InfoResponse:
-    return scheduler.engine.info()
+async def info(service: ServiceDep) -> InfoResponse:
+    return service.info()
 
 
 @router.get(
@@ -37,28 +34,25 @@ async def info(scheduler: SchedulerDep) -> InfoResponse:
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}}, 304: {}},
 )
-async def vocab(request: Request, state: StateDep, scheduler: SchedulerDep) -> Response:
+async def vocab(request: Request, service: ServiceDep) -> Response:
     """The verifier's vocabulary as a GGUF file without tensors (llama.cpp loads it with
     `vocab_only`): tokenizer, chat template, special tokens. Its ETag is the vocabulary
     hash of /info, so a drafter keeps one copy per vocabulary."""
-    engine = scheduler.engine
+    engine = service.engine
     etag = f'"{engine.vocab.hash}"'
     headers = {"ETag": etag, "Cache-Control": "private, max-age=0, must-revalidate"}
     if none_match(request.headers.getlist("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
-    async with state.vocab_file_lock:
-        if state.vocab_file is None:
-            # Reading the model's metadata takes a while: off the event loop, once.
-            state.vocab_file = await asyncio.to_thread(vocab_only_gguf, engine.runtime.model_path)
+    body = await service.vocab_file()
     stem = engine.runtime.model_path.stem
     headers["Content-Disposition"] = f'attachment; filename="{stem}.vocab.gguf"'
-    return Response(state.vocab_file, media_type="application/octet-stream", headers=headers)
+    return Response(body, media_type="application/octet-stream", headers=headers)
 
 
 @router.get("/metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
-    if state.engine is not None:
-        state.metrics.active_sessions.set(state.engine.session_count)
+    if state.service is not None:
+        state.metrics.active_sessions.set(state.service.engine.session_count)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

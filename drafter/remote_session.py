@@ -1,0 +1,57 @@
+"""The loop's sessions on the verifier: opened under an id the drafter chose (so that a
+balancer routes by it and a recovery re-opens it under the same id), opened again from
+the committed tokens when the verifier lost one, and closed best effort."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+from drafter.errors import VerifierRejected
+from server.shared.protocol import PrefillRequest, PrefillResponse
+
+
+class SessionVerifier(Protocol):
+    def prefill(self, request: PrefillRequest) -> PrefillResponse: ...
+
+    def delete_session(self, session_id: str) -> None: ...
+
+
+class RemoteSessions:
+    def __init__(self, verifier: SessionVerifier):
+        self.verifier = verifier
+        self.chosen_id: str | None = None  # the running (or last) generation's id
+
+    def open(self, request: PrefillRequest) -> PrefillResponse:
+        try:
+            opened = self.verifier.prefill(request)
+        except VerifierRejected as exc:
+            if exc.error_type != "session_exists" or request.session_id != self.chosen_id:
+                raise
+            # The id is our own random one: a prefill retried after its answer was lost
+            # has opened it already. That session is dropped and opened again, once.
+            self.close(request.session_id)
+            opened = self.verifier.prefill(request)
+        if opened.session_id != request.session_id:
+            raise VerifierRejected(
+                502,
+                "protocol_error",
+                f"asked for session {request.session_id!r}, "
+                f"the verifier opened {opened.session_id!r}",
+            )
+        return opened
+
+    def reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
+        """The session opened again on everything committed so far."""
+        reopened = self.open(
+            prefill.model_copy(
+                update={"prompt": None, "prompt_tokens": list(committed), "add_bos": False}
+            )
+        )
+        return reopened.session_id
+
+    def close(self, session_id: str) -> None:
+        # Best effort: the session holds a KV sequence on the server until it is freed,
+        # and a failed cleanup must not hide the result.
+        with contextlib.suppress(Exception):
+            self.verifier.delete_session(session_id)

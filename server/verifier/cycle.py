@@ -1,0 +1,227 @@
+"""One cycle of the engine: what begins, what shares a pass, what is answered.
+
+`CycleStep.step(queued)` takes the jobs waiting now, in arrival order, and returns what
+the cycle did: the answer (or error) of each job it finished, the passes it decoded and
+what the metrics count. No threads, no asyncio, no futures: for given jobs and an engine
+in a given state it does the same thing, and tests drive it with plain inputs. The
+concurrency shell around it (scheduler.py) queues requests, runs steps on the engine
+thread or inline, and hands the answers to the callers.
+
+A step, in order: calls that need no decode (a DELETE, the end of a /generate) run once
+their session's earlier work is done; new jobs begin (a prompt reserves its sequence, a
+round is checked, a replayed round is answered from its record); then one decode: every
+begun round, shaped into as few passes as the engine can make, or one chunk of one
+prompt, the prompts taking turns by API key (`PromptTurns`). When rounds and prompts
+both wait, steps alternate between them, so a round waits at most about one prompt
+chunk, however long the prompts in the queue. (With pinned shapes every pass spans every
+sequence anyway: rounds and a chunk of each prompt share it.) If anything fails in a way
+the engine could not pin on one job, every job of the step not yet answered is undone
+and failed: sending it again is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
+from server.verifier.decoder import PassRecord
+from server.verifier.engine import Engine
+from server.verifier.errors import APIError, EngineInterrupted, InternalError
+from server.verifier.jobs import Opened, PrefillWork, VerifyWork, Work
+
+log = logging.getLogger(__name__)
+
+SessionKey = tuple[str, str]  # (API key, session id)
+
+
+@dataclass(eq=False)
+class Job:
+    """A request waiting for the engine."""
+
+    owner: str
+    session_id: str | None  # the session it touches (None for a prefill of a new id)
+    request: PrefillRequest | VerifyRequest | None = None
+    call: Callable[[], Any] | None = None  # engine work that needs no decode
+    round_key: tuple | None = None  # a verify job's, computed once
+    work: Work | None = None  # once begun
+    queued_at: float = field(default_factory=time.perf_counter)
+
+    @property
+    def session_key(self) -> SessionKey | None:
+        return None if self.session_id is None else (self.owner, self.session_id)
+
+
+@dataclass
+class Step:
+    """What one cycle did."""
+
+    answers: list[tuple[Job, Any]] = field(default_factory=list)  # a result or an APIError
+    passes: list[PassRecord] = field(default_factory=list)
+    rounds_decoded: int = 0  # rounds in the cycle's pass of rounds
+    answered_rounds: list[SessionKey] = field(default_factory=list)  # decoded and answered
+    rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) each
+    ended: list[SessionKey] = field(default_factory=list)  # sessions a call ran for
+    replayed: int = 0
+    evicted: int = 0
+    moved: int = 0
+    prompt_tokens_reused: int = 0
+    prompt_tokens_evaluated: int = 0
+
+    def answer(self, job: Job, result: Any) -> None:
+        if isinstance(result, Exception) and not isinstance(result, APIError):
+            log.error("engine error", exc_info=result)
+            result = InternalError(f"{type(result).__name__}: {result}")
+        self.answers.append((job, result))
+
+
+class PromptTurns:
+    """Which prompt gets the cycle's chunk: the next key in turn, its oldest prompt. A
+    key new to the turns joins at the back, in arrival order."""
+
+    def __init__(self) -> None:
+        self._turn: deque[str] = deque()
+
+    def next(self, prompts: Sequence[Job]) -> list[Job]:
+        if not prompts:
+            return []
+        owners = {job.owner for job in prompts}
+        for job in prompts:
+            if job.owner not in self._turn:
+                self._turn.append(job.owner)
+        while self._turn[0] not in owners:
+            self._turn.rotate(-1)
+        owner = self._turn[0]
+        self._turn.rotate(-1)
+        return [next(job for job in prompts if job.owner == owner)]
+
+
+class CycleStep:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.turns = PromptTurns()
+        self.prompt_next = False  # the last step decoded rounds while a prompt waited
+
+    def step(self, queued: Sequence[Job]) -> Step:
+        """One step over the jobs queued now (none of them answered yet)."""
+        out = Step()
+        if not queued:
+            return out
+        pinned = bool(self.engine.shapes.pinned_width)
+        # A prompt's turn begins no round: a round begun is decoded in the same step, so
+        # none is left begun in the engine while its request may go away.
+        prompt_turn = self.prompt_next and not pinned and any(_is_prompt(j) for j in queued)
+        try:
+            rounds, prompts = self._begin_all(queued, out, begin_rounds=not prompt_turn)
+            if pinned:
+                self._decode(rounds + prompts, out)
+            elif prompt_turn or not rounds:
+                self._decode(self.turns.next(prompts), out)
+                self.prompt_next = False
+            else:
+                self._decode(rounds, out)
+                self.prompt_next = bool(prompts)
+        except Exception as exc:
+            log.exception("the engine's cycle failed")
+            answered = {id(job) for job, _ in out.answers}
+            error = EngineInterrupted(f"the engine's pass failed ({exc}); retry")
+            for job in queued:
+                if id(job) not in answered:
+                    self.undo(job)
+                    out.answer(job, error)
+        return out
+
+    def undo(self, job: Job) -> None:
+        """Undo a begun job that will not be answered by a cycle."""
+        if job.work is not None:
+            try:
+                self.engine.abandon(job.work)
+            except Exception:
+                log.exception("could not undo a job")
+
+    def _begin_all(
+        self, jobs: Sequence[Job], out: Step, begin_rounds: bool
+    ) -> tuple[list[Job], list[Job]]:
+        """Calls run, new jobs begun (rounds only if `begin_rounds`), in arrival order;
+        the rounds and prompts to decode. A job behind unfinished work of its session
+        waits for a later step."""
+        rounds, prompts = [], []
+        busy: set[str] = set()  # sessions with unfinished work earlier in the queue
+        keep = {job.session_id for job in jobs if job.session_id}
+        for job in jobs:
+            if job.work is not None and job.work.closed:
+                continue  # finished or undone, so answered already: not the caller's to pass
+            waits = job.session_id is not None and job.session_id in busy
+            if job.call is not None:
+                if not waits:
+                    if job.session_key is not None:  # a delete or a /generate's end
+                        out.ended.append(job.session_key)
+                    self._run_call(job, out)
+                continue
+            if waits:
+                continue
+            if not (begin_rounds or _is_prompt(job)):
+                busy.add(job.session_id)  # its round waits: so does what comes after it
+                continue
+            if job.work is None and not self._begin(job, keep, out):
+                continue
+            busy.add(job.work.session.session_id)
+            (rounds if isinstance(job.work, VerifyWork) else prompts).append(job)
+        return rounds, prompts
+
+    def _run_call(self, job: Job, out: Step) -> None:
+        try:
+            result = job.call()
+        except Exception as exc:
+            result = exc
+        out.answer(job, result)
+
+    def _begin(self, job: Job, keep: set[str], out: Step) -> bool:
+        try:
+            if isinstance(job.request, PrefillRequest):
+                job.work = self.engine.begin_prefill(job.request, keep, job.owner)
+                job.session_id = job.work.session.session_id
+                out.evicted += job.work.reservation.evicted
+                out.moved += job.work.reservation.moved
+                return True
+            work = self.engine.begin_verify(job.request, job.owner, job.round_key)
+            if isinstance(work, VerifyResponse):  # a replay: answered from its record
+                out.replayed += 1
+                out.answer(job, work)
+                return False
+            job.work = work
+            return True
+        except Exception as exc:
+            self.undo(job)  # begun, then something failed: its sequence goes back
+            job.work = None
+            out.answer(job, exc)
+            return False
+
+    def _decode(self, jobs: list[Job], out: Step) -> None:
+        if not jobs:
+            return
+        rounds = [job for job in jobs if isinstance(job.work, VerifyWork)]
+        prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
+        ran = self.engine.run([j.work for j in rounds], [j.work for j in prompts])
+        out.passes += ran.passes
+        if rounds:
+            out.rounds_decoded = len(rounds)
+        for job, result in zip(rounds + prompts, ran.results, strict=True):
+            if result is None:
+                continue  # a prompt with chunks still to go
+            if isinstance(result, VerifyResponse):
+                out.answered_rounds.append((job.owner, job.session_id))
+                out.rounds.append((len(job.work.draft_tokens), result.accepted_prefix_len))
+            elif isinstance(result, Opened):
+                reused = result.reservation.reused
+                out.prompt_tokens_reused += reused
+                out.prompt_tokens_evaluated += result.response.prompt_len - 1 - reused
+            out.answer(job, result)
+
+
+def _is_prompt(job: Job) -> bool:
+    return isinstance(job.request, PrefillRequest)

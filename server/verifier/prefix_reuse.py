@@ -1,0 +1,78 @@
+"""Prompt reuse: which cached prefix a new prompt starts from.
+
+A session that ends (DELETE, expiry, the end of a /generate) leaves its KV sequence and
+tokens behind as a cached prefix, until the sequence is needed or its TTL ends. A new
+prompt of the same API key takes the cached prefix with which it shares the longest
+common prefix (tokens compared one by one, never hashed), trimmed to that, and evaluates
+only the rest. Prefixes are never shared across keys: a shared cache leaks prompts
+through timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from server.shared.prefix import common_prefix_len
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    owner: str
+    tokens: list[int]  # exactly what the sequence's KV cells hold, in position order
+    cached_at: float = field(default_factory=time.monotonic)
+
+
+class PrefixReuse:
+    """The cached prefixes, by KV sequence id, least recently cached first, and which one
+    a prompt reuses. `min_tokens` 0: none is kept or reused."""
+
+    def __init__(self, min_tokens: int):
+        self.min_tokens = min_tokens
+        self._cached: OrderedDict[int, CachedPrefix] = OrderedDict()
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._cached
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._cached))
+
+    def items(self) -> list[tuple[int, CachedPrefix]]:
+        return list(self._cached.items())
+
+    def keeps(self, n_cached: int) -> bool:
+        """Whether an ended session holding `n_cached` cells is worth keeping."""
+        return bool(self.min_tokens) and n_cached >= self.min_tokens
+
+    def keep(self, seq_id: int, prefix: CachedPrefix) -> None:
+        self._cached[seq_id] = prefix
+
+    def pop(self, seq_id: int) -> CachedPrefix:
+        return self._cached.pop(seq_id)
+
+    def relocate(self, seq_id: int, to: int) -> None:
+        """The prefix at `seq_id` now lives at `to`, in the same place in the order."""
+        self._cached = OrderedDict((to if s == seq_id else s, p) for s, p in self._cached.items())
+
+    def older_than(self, ttl_s: float, now: float) -> list[int]:
+        return [s for s, p in self._cached.items() if now - p.cached_at > ttl_s]
+
+    def take(self, owner: str, prompt: Sequence[int]) -> tuple[int, int] | None:
+        """The seq id of `owner`'s prefix to reuse for `prompt`, taken out of the cache,
+        and how many of its tokens to keep (never the prompt's last token: that one is
+        evaluated with the first round); None when none shares `min_tokens`."""
+        if not self.min_tokens or len(prompt) < 2:
+            return None
+        best_seq, best_len = None, 0
+        for seq_id, prefix in self._cached.items():
+            if prefix.owner == owner:
+                n = common_prefix_len(prefix.tokens, prompt)
+                if n > best_len:
+                    best_seq, best_len = seq_id, n
+        best_len = min(best_len, len(prompt) - 1)
+        if best_seq is None or best_len < self.min_tokens:
+            return None
+        del self._cached[best_seq]
+        return best_seq, best_len

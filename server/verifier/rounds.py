@@ -1,0 +1,73 @@
+"""What finishing a decoded round means: the strategy's rule judges the draft against the
+verifier's logits (server/shared/acceptance.py), the rejected cells leave the session's
+KV sequence, and the answer is recorded for a replay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from server.shared.acceptance import judge
+from server.shared.protocol import RoundTimings, Strategy, VerifyResponse
+from server.verifier.errors import NonFiniteNumbers
+from server.verifier.jobs import VerifyWork
+
+
+def finish_round(
+    work: VerifyWork,
+    logits: np.ndarray,
+    decode_s: float,
+    *,
+    remove: Callable[[int, int], None],
+    is_eog: Callable[[int], bool],
+    lossless: bool,
+) -> VerifyResponse:
+    """The round's answer, the session advanced by it. Everything that can fail comes
+    before the session changes; the random stream is put back if it does, so a round
+    undone leaves no trace at all."""
+    session = work.session
+    rng_state = session.rng.bit_generator.state if session.strategy != Strategy.greedy else None
+    try:
+        if not np.isfinite(logits).all():
+            raise NonFiniteNumbers("the model's logits are not finite for this round")
+        target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
+        verdict = judge(
+            session.strategy,
+            work.draft_tokens,
+            work.draft_probs,
+            logits,
+            target_tokens,
+            session.sampling,
+            session.threshold,
+            session.rng,
+            is_eog,
+        )
+        # Keep the pending token and the accepted drafts; the target's own token
+        # becomes the next pending token.
+        remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
+        response = VerifyResponse(
+            accepted_prefix_len=verdict.accepted_prefix_len,
+            tokens=verdict.tokens,
+            preds=target_tokens,
+            total_tokens=len(session.tokens) + len(verdict.tokens),
+            eos=verdict.eos,
+            strategy=session.strategy,
+            lossless=lossless,
+            timings=RoundTimings(
+                decode_ms=round(decode_s * 1000.0, 3),
+                engine_ms=round((time.perf_counter() - work.began) * 1000.0, 3),
+                decoded_tokens=len(work.tokens),
+            ),
+        )
+    except BaseException:
+        if rng_state is not None:
+            session.rng.bit_generator.state = rng_state
+        raise
+    session.tokens.extend(verdict.tokens)
+    session.decoded_tokens += len(work.tokens)
+    session.last_used = time.monotonic()
+    session.last_round_key, session.last_response = work.round_key, response
+    session.work, work.closed = None, True
+    return response

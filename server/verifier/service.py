@@ -1,0 +1,140 @@
+"""What the routes call: one interface over the scheduler and the engine.
+
+Routes parse and check HTTP; this says what each request does to the sessions. Engine
+work that needs no decode (a delete, a detokenize) still runs in the scheduler's queue,
+behind the session's earlier work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from server.shared.protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    GenerateTimings,
+    InfoResponse,
+    PrefillRequest,
+    PrefillResponse,
+    VerifyRequest,
+    VerifyResponse,
+)
+from server.verifier.checks import routing_header, session_id_named
+from server.verifier.engine import Engine, engine_info
+from server.verifier.jobs import Opened
+from server.verifier.scheduler import BatchScheduler
+from server.verifier.vocab_file import vocab_only_gguf
+
+ClientGone = Callable[[], Awaitable[bool]]
+
+
+class VerifierService:
+    def __init__(self, scheduler: BatchScheduler):
+        self.scheduler = scheduler
+        self.engine: Engine = scheduler.engine
+        self._vocab_file: bytes | None = None
+        self._vocab_file_lock = asyncio.Lock()
+
+    async def prefill(
+        self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
+    ) -> PrefillResponse:
+        """Open a session. If the client went away meanwhile, nobody will read the answer:
+        the session it opened is ended at once rather than hold its sequence until the
+        idle TTL (a client that chose the id and retries finds it free)."""
+        opened = await self.scheduler.prefill(request, owner)
+        if gone is not None and await gone():
+            await self._discard(opened, owner)
+        return opened.response
+
+    async def verify(
+        self, request: VerifyRequest, owner: str, routing: list[str] = ()
+    ) -> VerifyResponse:
+        """A round (`routing`: its X-Session-Id headers, which must name its session)."""
+        session_id_named(routing_header(list(routing)), request.session_id)
+        return await self.scheduler.verify(request, owner)
+
+    async def delete(self, session_id: str, owner: str) -> None:
+        sessions = self.engine.sessions
+        await self.scheduler.call(lambda: sessions.delete(session_id, owner), session_id, owner)
+
+    async def generate(
+        self, request: GenerateRequest, owner: str, gone: ClientGone | None = None
+    ) -> GenerateResponse:
+        """The verifier alone, token by token: each step a round with an empty draft, so
+        the baseline runs exactly the code path (and numerics) the speculative rounds
+        use, beside other sessions' rounds. Stops early (freeing its session) if the
+        client went away."""
+        began = time.perf_counter()
+        opened = await self.scheduler.prefill(
+            PrefillRequest(
+                **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),
+                add_bos=request.add_bos,
+                sampling=request.sampling,
+                # With no drafts every strategy is plain sampling from p: match needs no probs.
+                strategy=None if request.sampling.greedy else "match",
+            ),
+            owner,
+        )
+        prefill = opened.response
+        prompt_done = time.perf_counter()
+        tokens: list[int] = []
+        eos = False
+        total_tokens = prefill.total_tokens
+        try:
+            while len(tokens) < request.max_tokens and total_tokens <= self.engine.n_ctx:
+                if gone is not None and await gone():
+                    break
+                step = await self.scheduler.verify(
+                    VerifyRequest(session_id=prefill.session_id, n_past=total_tokens),
+                    owner,
+                    admitted=True,
+                )
+                tokens.extend(step.tokens)
+                total_tokens = step.total_tokens
+                if step.eos:
+                    eos = True
+                    break
+        finally:
+            await self._discard(opened, owner)
+        ended = time.perf_counter()
+        decode_s = ended - prompt_done
+        engine = self.engine
+        text = await self.scheduler.call(
+            lambda: engine.detokenize(tokens), owner=owner, finishing=True
+        )
+        return GenerateResponse(
+            prompt_ids=prefill.prompt_ids,
+            tokens=tokens,
+            text=text,
+            eos=eos,
+            timings=GenerateTimings(
+                prompt_ms=round((prompt_done - began) * 1000.0, 3),
+                decode_ms=round(decode_s * 1000.0, 3),
+                total_ms=round((ended - began) * 1000.0, 3),
+                tokens_per_s=round(len(tokens) / decode_s, 3) if decode_s > 0 else 0.0,
+            ),
+        )
+
+    def info(self) -> InfoResponse:
+        return engine_info(self.engine)
+
+    async def vocab_file(self) -> bytes:
+        """GET /vocab's file, written once on first demand, off the event loop."""
+        async with self._vocab_file_lock:
+            if self._vocab_file is None:
+                path = self.engine.runtime.model_path
+                self._vocab_file = await asyncio.to_thread(vocab_only_gguf, path)
+        return self._vocab_file
+
+    async def _discard(self, opened: Opened, owner: str) -> None:
+        """End the session `opened` opened, if it is still that one and still there
+        (eviction may have won)."""
+        sessions, session = self.engine.sessions, opened.session
+        await self.scheduler.call(
+            lambda: sessions.discard(session.session_id, only=session),
+            session.session_id,
+            owner,
+            finishing=True,
+        )
