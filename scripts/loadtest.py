@@ -109,7 +109,7 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
         "| decode ms per row | errors | output = /generate |"
     )
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    env = verifier_env(args.threads, max(levels))
+    env = verifier_env(args.threads, args.sessions or max(levels))
     variants = [("this", None, env)]
     for setting in args.compare_setting:
         name, _, value = setting.partition("=")
@@ -237,7 +237,7 @@ def replica_runs(args: argparse.Namespace, levels: list[int]) -> None:
     print("| replicas | drafters | aggregate tokens/s | p50 round ms | p99 round ms | errors |")
     print("|---:|---:|---:|---:|---:|---:|")
     for count in [int(x) for x in args.replicas.split(",")]:
-        env = verifier_env(args.threads, max(levels))
+        env = verifier_env(args.threads, args.sessions or max(levels))
         with LocalReplicas(count, env, max_body) as replicas:
             urls = [v.url for v in replicas.verifiers]
             for n in levels:
@@ -305,6 +305,12 @@ def main() -> None:
         default=[],
         help="Run this checkout's verifier again with this setting (an environment "
         "variable, e.g. VERIFIER_GATHER_ROUNDS=false), in the same table; repeatable.",
+    )
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        help="The verifier's sessions (KV sequences); None: as many as the most drafters. "
+        "More sessions than drafters leaves room for gaps between their sequences.",
     )
     parser.add_argument(
         "--repeats",
