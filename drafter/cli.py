@@ -94,8 +94,10 @@ def settings_from(params: dict[str, Any]) -> DrafterSettings:
         return DrafterSettings(**given)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or "settings"
-        raise typer.BadParameter(error["msg"], param_hint=f"--{where.replace('_', '-')}") from None
+        message = error["msg"].removeprefix("Value error, ")
+        where = ".".join(str(p) for p in error["loc"])
+        hint = f"--{where.replace('_', '-')}" if where else "the DRAFTER_* variables"
+        raise typer.BadParameter(message, param_hint=hint) from None
 
 
 def fail(exc: DrafterError) -> typer.Exit:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import ssl
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
@@ -21,16 +21,16 @@ import urllib3
 from pydantic import BaseModel, ValidationError
 from urllib3.exceptions import (
     HTTPError,
-    InvalidHeader,
     MaxRetryError,
     NewConnectionError,
+    ProtocolError,
     ProxySchemeUnknown,
     SSLError,
     TimeoutError,
 )
-from urllib3.util.retry import Retry
 
 from drafter.errors import VerifierRejected, VerifierUnavailable
+from drafter.retry import RestartWait, loading, retry_policy, speaks_tls
 from server.shared.protocol import (
     SESSION_ID,
     SESSION_ID_HEADER,
@@ -44,83 +44,10 @@ from server.shared.protocol import (
 )
 
 R = TypeVar("R", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 USER_AGENT = "draft_token_generator/0.1"
-# Full, loading, or a balancer between us and a verifier that is restarting. A 500 is a
-# failure the verifier says will not go away (decode_failed, internal_error): not retried.
-RETRY_STATUSES = frozenset({502, 503, 504})
-BACKOFF_FACTOR_S = 0.2
-BACKOFF_JITTER_S = 0.2
-# Also the most a server's Retry-After can make us wait between two tries.
-BACKOFF_CEILING_S = 5.0
 MAX_VOCAB_FILE_BYTES = 64 << 20
-
-
-class CountedRetry(Retry):
-    """urllib3's Retry, telling its owner each time it waits to try again, and waiting
-    no longer than BACKOFF_CEILING_S whatever a Retry-After says.
-
-    urllib3 copies a Retry at every step (`new`); the callback goes with the copies.
-    """
-
-    on_retry: Callable[[], None] | None = None
-
-    def new(self, **kw) -> CountedRetry:
-        retry = super().new(**kw)
-        retry.on_retry = self.on_retry
-        return retry
-
-    def sleep(self, response=None) -> None:
-        if self.on_retry is not None:
-            self.on_retry()
-        super().sleep(response)
-
-    def get_retry_after(self, response) -> float | None:
-        # A server's Retry-After is honoured, up to the longest backoff of our own; one
-        # urllib3 cannot read ("0.5") leaves the wait to our backoff.
-        try:
-            seconds = super().get_retry_after(response)
-        except InvalidHeader:
-            return None
-        return None if seconds is None else min(seconds, BACKOFF_CEILING_S)
-
-    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
-        # Only RETRY_STATUSES: urllib3 would also retry a 413 or 429 carrying Retry-After.
-        return super().is_retry(method, status_code, has_retry_after=False)
-
-    def increment(self, method=None, url=None, response=None, error=None, **kw) -> CountedRetry:
-        # A certificate the CA does not vouch for will not get better by trying again;
-        # every other failure to connect or read (a TLS handshake cut off, a proxy that
-        # cannot reach a restarting verifier yet) may.
-        if isinstance(error, SSLError) and (
-            self.connect == 0  # never reached yet: https to an http verifier, say
-            or any(isinstance(arg, ssl.SSLCertVerificationError) for arg in error.args)
-        ):
-            raise error
-        return super().increment(method, url, response, error, **kw)
-
-
-def retry_policy(
-    max_retries: int, on_retry: Callable[[], None] | None = None, connect: int | None = None
-) -> CountedRetry:
-    """Every method is retried, POST included: a replayed /verify gets its recorded answer,
-    a replayed /prefill of a chosen id a 409 the loop resolves, a lost session a 404 the
-    loop recovers from. A refused certificate is not (CountedRetry.increment); `connect`
-    caps the retries of a connection that could not be made."""
-    retry = CountedRetry(
-        total=max_retries,
-        connect=connect,
-        redirect=False,
-        allowed_methods=None,
-        status_forcelist=RETRY_STATUSES,
-        raise_on_status=False,  # the last 5xx's body says what went wrong
-        respect_retry_after_header=True,
-        backoff_factor=BACKOFF_FACTOR_S,
-        backoff_jitter=BACKOFF_JITTER_S,
-        backoff_max=BACKOFF_CEILING_S,
-    )
-    retry.on_retry = on_retry
-    return retry
 
 
 def is_loopback(host: str) -> bool:
@@ -160,8 +87,13 @@ class VerifierClient:
         max_retries: int = 6,
         api_key: str | None = None,
         ca_cert: str | Path | None = None,
+        restart_wait_s: float = 0.0,
     ):
+        """`restart_wait_s`: how long to wait out a verifier that is restarting (its
+        connections refused after it had answered, or 503 while it loads its model)
+        before giving up, beyond the `max_retries` of any failure."""
         self.base_url = base_url.rstrip("/")
+        self.restart_wait_s = restart_wait_s
         url = urlsplit(self.base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise VerifierUnavailable(f"not an http(s):// verifier URL: {base_url!r}")
@@ -194,10 +126,13 @@ class VerifierClient:
             ) from exc
         # urllib3 never changes a Retry, it makes new ones: one serves every request.
         self._retry = retry_policy(max_retries, self._counted_retry)
-        # Until the verifier has answered once, a refused connection or an unknown host
-        # is a mistake to report at once (a wrong URL, a verifier not started), not an
-        # outage to wait out; a 503 (still loading) is waited for either way.
+        # Until the verifier has answered once, a refused connection, an unknown host or
+        # http:// to a TLS port is a mistake to report at once (a wrong URL, a verifier
+        # not started), not an outage to wait out; a 503 (still loading) is waited for
+        # either way.
         self._retry_unproven = retry_policy(max_retries, self._counted_retry, connect=0)
+        self._retry_unproven.speaks_tls = self._speaks_tls
+        self._tls: bool | None = None
         self.reached = False
         self.retries_done = 0
         self.bytes_sent = 0
@@ -205,6 +140,11 @@ class VerifierClient:
 
     def _counted_retry(self) -> None:
         self.retries_done += 1
+
+    def _speaks_tls(self) -> bool:
+        if self._tls is None:
+            self._tls = speaks_tls(self.base_url)
+        return self._tls
 
     def info(self) -> InfoResponse:
         return self._call("GET", "/info", None, InfoResponse)
@@ -285,20 +225,29 @@ class VerifierClient:
             headers["Content-Length"] = str(len(content))
         url = self.base_url + path
         retries_before = self.retries_done
-        try:
-            response = self._http.urlopen(
-                method,
-                url,
-                body=content,
-                headers=headers,
-                retries=self._retry if self.reached else self._retry_unproven,
-                redirect=False,
-                preload_content=preload,
-            )
-        except MaxRetryError as exc:
-            raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
-        except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)
-            raise self._unreachable(exc, self.retries_done - retries_before) from exc
+        restart = RestartWait(self.base_url, self.restart_wait_s)
+        while True:
+            try:
+                response = self._http.urlopen(
+                    method,
+                    url,
+                    body=content,
+                    headers=headers,
+                    retries=self._retry if self.reached else self._retry_unproven,
+                    redirect=False,
+                    preload_content=preload,
+                )
+            except MaxRetryError as exc:
+                # Refused, or cut off (a process killed mid-answer): a restart, once the
+                # verifier has answered before.
+                gone = isinstance(exc.reason, NewConnectionError | ProtocolError)
+                if self.reached and gone and restart.goes_on("its connections are refused"):
+                    continue
+                raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
+            except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)
+                raise self._unreachable(exc, self.retries_done - retries_before) from exc
+            if not (loading(response) and restart.goes_on("it is loading its model")):
+                break
         self.reached = True
         self.bytes_sent += framed_request_bytes(method, urlsplit(url).path, headers, content)
         # A streamed body (preload off) is counted by whoever reads it.
@@ -319,6 +268,8 @@ class VerifierClient:
             hint = " Is the verifier running there (and is the URL's scheme, host and port right)?"
         elif not self.reached and "WRONG_VERSION_NUMBER" in str(reason):
             hint = " Does the verifier speak plain http:// rather than https://?"
+        elif not self.reached and self.base_url.startswith("http:") and self._speaks_tls():
+            hint = " The verifier speaks TLS there: use https://."
         tries = f" after {retries + 1} tries" if retries else ""
         return VerifierUnavailable(
             f"the verifier at {self.base_url} {what}{tries} (cannot reach the verifier: "

@@ -43,13 +43,16 @@ class Renderer(Protocol):
     def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None: ...
 
 
-def connect(settings: DrafterSettings, max_retries: int | None = None) -> VerifierClient:
+def connect(
+    settings: DrafterSettings, max_retries: int | None = None, restart_wait_s: float | None = None
+) -> VerifierClient:
     return VerifierClient(
         settings.server,
         timeout=settings.timeout,
         api_key=settings.api_key,
         ca_cert=settings.ca_cert,
         max_retries=settings.retries if max_retries is None else max_retries,
+        restart_wait_s=settings.restart_wait if restart_wait_s is None else restart_wait_s,
     )
 
 

@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
 from server.shared.protocol import MAX_DRAFT_SCHEMA, SamplingParams, Strategy, strategy_for
+from server.shared.strict import unknown_variables
+
+ENV_PREFIX = "DRAFTER_"
 
 
 class DrafterKind(StrEnum):
@@ -43,7 +46,16 @@ def parse_draft_n(value: object) -> DraftN:
 
 
 class DrafterSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DRAFTER_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_variables(cls, data: object) -> object:
+        """A mistyped DRAFTER_* variable would leave its setting at the default: refused."""
+        unknown = unknown_variables(ENV_PREFIX, cls.model_fields)
+        if unknown:
+            raise ValueError("; ".join(unknown))
+        return data
 
     # -- the verifier ------------------------------------------------------------------
     server: str = Field("http://127.0.0.1:8000", description="The verifier's base URL.")
@@ -59,6 +71,13 @@ class DrafterSettings(BaseSettings):
         ge=0,
         description="Retries, with backoff, of a request whose connection was lost or that "
         "got 502, 503 or 504 from a verifier that was reachable before.",
+    )
+    restart_wait: float = Field(
+        300.0,
+        ge=0,
+        description="Seconds to wait out a verifier that restarts (its connections refused "
+        "after it had answered, or loading its model) before giving up; the generation "
+        "then goes on where it was.",
     )
     # -- the draft model ---------------------------------------------------------------
     model: Path = Field(

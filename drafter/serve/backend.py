@@ -81,7 +81,7 @@ class SpeculativeBackend:
 
     def verifier_health(self) -> str:
         """ "ok", or why the verifier cannot be used (a short sentence). Blocking."""
-        with connect(self.settings, max_retries=0) as client:
+        with connect(self.settings, max_retries=0, restart_wait_s=0) as client:
             try:
                 client.info()
             except Exception as exc:

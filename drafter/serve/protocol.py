@@ -1,9 +1,10 @@
 """The slice of the OpenAI API that `serve` speaks, requests and responses as pydantic
 models of OpenAI's shapes (completions, chat completions, their stream chunks, models).
 
-Fields OpenAI clients send that change nothing here (user, metadata...) are accepted and
+Fields of OpenAI's API that change nothing here (user, metadata...) are accepted and
 ignored. Fields that would change the output and are not implemented are refused with a
-400 naming them (`unsupported_fields`), never silently dropped.
+400 naming them (`unsupported_fields`), never silently dropped, and so is a field no API
+has (`unknown_fields`: `max_token` is a 400 that suggests `max_tokens`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,26 @@ UNSUPPORTED: dict[str, Any] = {
 }
 
 
+# Request fields of OpenAI's API that change nothing here: accepted and ignored.
+IGNORED = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+# Fields of llama.cpp's server that its clients send: not supported here, refused unless
+# they hold the value that changes nothing.
+LOCAL_SERVER_FIELDS: dict[str, Any] = {
+    "top_k": (None, 0),
+    "min_p": (None, 0, 0.0),
+    "typical_p": (None, 1, 1.0),
+    "repeat_penalty": (None, 1, 1.0),
+    "grammar": (None, ""),
+    "json_schema": (None, {}),
+    "n_predict": (None,),
+    "mirostat": (None, 0),
+}
+
+
 class _Request(BaseModel):
-    # OpenAI clients send fields that change nothing here (user, metadata...): accepted.
+    # Checked by hand (unknown_fields, unsupported_fields): an error names the field.
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -84,7 +103,16 @@ class _Request(BaseModel):
 
     def unsupported_fields(self) -> list[str]:
         extra = self.model_extra or {}
-        return sorted(name for name, ok in UNSUPPORTED.items() if extra.get(name) not in ok)
+        refused = UNSUPPORTED | LOCAL_SERVER_FIELDS
+        return sorted(name for name, ok in refused.items() if extra.get(name) not in ok)
+
+    def unknown_fields(self) -> list[str]:
+        """Fields no API this server speaks has (a misspelling, most likely)."""
+        known = UNSUPPORTED.keys() | LOCAL_SERVER_FIELDS.keys() | IGNORED
+        return sorted(set(self.model_extra or {}) - known)
+
+    def known_fields(self) -> list[str]:
+        return [*type(self).model_fields, *UNSUPPORTED, *IGNORED]
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -33,6 +33,7 @@ from drafter.serve.protocol import (
     _Request,
 )
 from server.shared.protocol import PrefillRequest
+from server.shared.strict import did_you_mean
 
 T = TypeVar("T")
 # A stream reader that takes no bytes for this long is gone: its generation stops.
@@ -105,6 +106,13 @@ async def answer(
     chat: bool,
 ) -> Response | Completion | ChatCompletion:
     """The request's response: admitted, generated, whole or streamed."""
+    unknown = request.unknown_fields()
+    if unknown:
+        raise invalid_request(
+            f"unknown field {unknown[0]!r}" + did_you_mean(unknown[0], request.known_fields()),
+            param=unknown[0],
+            code="unknown_parameter",
+        )
     unsupported = request.unsupported_fields()
     if unsupported:
         raise invalid_request(

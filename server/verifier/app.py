@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 # The exit status of a verifier whose model did not load (uvicorn's own for a failed start).
 EXIT_MODEL_FAILED = 3
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
@@ -86,13 +89,56 @@ def describe_ready(engine: Engine) -> str:
 
 def listening() -> str:
     """Where uvicorn listens, as its command line says (best effort: for the log)."""
-    args = sys.argv[1:]
-    if not any("server.main:app" in a for a in args):
+    host = uvicorn_host()
+    if host is None:
         return ""
-    host = args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+    args = sys.argv[1:]
     port = args[args.index("--port") + 1] if "--port" in args[:-1] else "8000"
     scheme = "https" if any(a.startswith("--ssl-certfile") for a in args) else "http"
     return f"; at {scheme}://{host}:{port}"
+
+
+def address_in_use() -> str | None:
+    """The host:port uvicorn's command line names, if another process listens there
+    (checked before the model loads: a verifier that cannot listen never says ready)."""
+    host = uvicorn_host()
+    if host is None:
+        return None
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1]) if "--port" in args[:-1] else 8000
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{host}:{port}"
+    return None
+
+
+def uvicorn_host() -> str | None:
+    """The host uvicorn binds, from its command line; None when not run by uvicorn's CLI."""
+    args = sys.argv[1:]
+    if not any("server.main:app" in a for a in args):
+        return None
+    return args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+
+
+def log_auth_state(keys: ApiKeys, admin_keys: ApiKeys) -> None:
+    """How requests are authenticated, said once at start: the key counts, or a warning
+    when anyone who reaches a port beyond loopback can use the verifier."""
+    if keys.enabled or admin_keys.enabled:
+        log.info("API keys: %d, admin keys: %d", len(keys), len(admin_keys))
+        return
+    host = uvicorn_host()
+    if host is not None and host not in LOOPBACK:
+        log.warning(
+            "no API keys (VERIFIER_API_KEYS): anyone who reaches %s can use this verifier",
+            host,
+        )
+    else:
+        log.info("no API keys: open to whoever reaches the port (loopback here)")
 
 
 async def _load_engine(state: AppState) -> None:
@@ -120,6 +166,10 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         show_logs_as_uvicorn_does()
+        log_auth_state(keys, admin_keys)
+        taken = address_in_use()
+        if taken is not None:
+            raise RuntimeError(f"{taken} is in use by another process: nothing can listen there")
         if not settings.wait_for_model:
             check_model_file(settings.model_path)  # uvicorn exits non-zero on this
         metrics = VerifierMetrics(settings.max_sessions, settings.max_draft)
@@ -137,7 +187,7 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         finally:
             await loading
             if state.service is not None:
-                await asyncio.to_thread(state.service.scheduler.close)
+                await asyncio.to_thread(state.service.close)
         if state.load_error and not settings.wait_for_model:
             # uvicorn ends with status 0 once it has started, whatever stopped it; a
             # verifier that never had a model failed, and says so to whoever started it.
@@ -173,11 +223,9 @@ def create_app(settings: VerifierSettings | None = None) -> FastAPI:
         timeout_s=settings.body_timeout_s,
         reject=_reject,
     )
-    app.add_middleware(
-        GuardMiddleware,
-        keys=ApiKeys.from_settings(settings.api_keys, settings.api_key_file),
-        admin_keys=ApiKeys.from_settings(settings.admin_api_keys, None),
-    )
+    keys = ApiKeys.from_settings(settings.api_keys, settings.api_key_file)
+    admin_keys = ApiKeys.from_settings(settings.admin_api_keys, None)
+    app.add_middleware(GuardMiddleware, keys=keys, admin_keys=admin_keys)
     app.add_middleware(RequestMetricsMiddleware)
     return app
 

@@ -5,7 +5,7 @@ the cycle did: the answer (or error) of each job it finished, the passes it deco
 what the metrics count. No threads, no asyncio, no futures: for given jobs and an engine
 in a given state it does the same thing, and tests drive it with plain inputs. The
 concurrency shell around it (scheduler.py) queues requests, runs steps on the engine
-thread or inline, and hands the answers to the callers.
+thread, and hands the answers to the callers.
 
 A step, in order: calls that need no decode (a DELETE, the end of a /generate) run once
 their session's earlier work is done; new jobs begin (a prompt reserves its sequence, a

@@ -95,6 +95,9 @@ class Engine:
         if self.n_ctx < 2:
             raise ValueError("the context is too small for a prompt and a round")
         self.model_name = runtime.metadata("general.name") or runtime.model_path.stem
+        # No text longer than this can fit: every token stands for at most its longest piece.
+        longest_piece = max((len(piece) for piece in runtime.vocab_pieces()), default=1)
+        self.max_prompt_chars = settings.max_prompt_chars or self.n_ctx * max(1, longest_piece)
         self.vocab = vocab.describe(runtime)
         self.decoder = PassDecoder(runtime)
         self._prefills: dict[int, PrefillWork] = {}  # seq id -> the prompt it is evaluating

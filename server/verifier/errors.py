@@ -15,6 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
+from server.shared.strict import did_you_mean, fields_at
+from server.verifier.paths import route_path
+
+# The body's model of each route that reads one: an unknown field is named against it.
+BODY_MODELS = {"/prefill": PrefillRequest, "/verify": VerifyRequest, "/generate": GenerateRequest}
+
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +72,14 @@ class DraftTooLong(APIError):
 
 class ContextOverflow(APIError):
     error_type = "context_overflow"
+
+
+class PromptTooLong(APIError):
+    """A prompt text longer than any that can fit a session's context: refused before it
+    is tokenized."""
+
+    status_code = 413
+    error_type = "prompt_too_long"
 
 
 class EmptyPrompt(APIError):
@@ -164,14 +179,34 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-def describe_validation(errors: Sequence[dict[str, Any]]) -> tuple[int, str, str]:
-    """(status, type, message) for pydantic's errors, as FastAPI or the lane found them."""
+# pydantic words some errors one way for a JSON body (the fast path) and another for the
+# Python objects FastAPI validates: one wording, so both paths answer alike.
+SAME_WORDS = {
+    "model_type": "Input should be an object",
+    "model_attributes_type": "Input should be an object",
+    "dict_type": "Input should be an object",
+    "list_type": "Input should be an array",
+    "tuple_type": "Input should be an array",
+}
+
+
+def describe_validation(
+    errors: Sequence[dict[str, Any]], model: type | None = None
+) -> tuple[int, str, str]:
+    """(status, type, message) for pydantic's errors, as FastAPI or the fast path found
+    them; `model`: the body's model, whose fields an unknown field is compared with."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return 400, "malformed_json", "the request body is not valid JSON"
+    unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if unknown:
+        path = [p for p in unknown[0].get("loc", ()) if p != "body"]
+        known = fields_at(model, path[:-1]) if model is not None and path else []
+        where = ".".join(str(p) for p in path)
+        return 400, "unknown_field", f"unknown field {where!r}" + did_you_mean(str(path[-1]), known)
     parts = []
     for e in errors[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        parts.append(f"{where}: {SAME_WORDS.get(e.get('type'), e.get('msg', 'invalid'))}")
     return 422, "invalid_request", "; ".join(parts)
 
 
@@ -181,8 +216,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(*describe_validation(exc.errors()))
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        model = BODY_MODELS.get(route_path(request.scope))
+        return error_response(*describe_validation(exc.errors(), model))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -171,11 +171,6 @@ class VerifierMetrics:
             "time queued rounds were held for sessions the last pass answered",
             registry=r,
         )
-        self.inline_rounds = Counter(
-            "verifier_inline_rounds",
-            "verify rounds decoded on the event loop because the engine was idle",
-            registry=r,
-        )
         # Children resolved once: labels() per position per round costs a lock and a
         # lookup each, on the way to the round's answer.
         positions = range(1, max_draft + 1)

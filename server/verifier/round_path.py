@@ -68,7 +68,7 @@ class VerifyFastPath:
             request = VerifyRequest.model_validate_json(body)
             response = await service_of(state).verify(request, owner, routing)
         except ValidationError as exc:
-            return await send_error(send, *describe_validation(exc.errors()))
+            return await send_error(send, *describe_validation(exc.errors(), VerifyRequest))
         except APIError as exc:
             headers = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
             return await send_error(send, exc.status_code, exc.error_type, exc.message, headers)

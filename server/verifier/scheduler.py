@@ -1,11 +1,10 @@
 """The concurrency shell around the cycle step (cycle.py): queueing, the engine thread,
-the bridge to asyncio, the inline fast path, waking. It holds no policy: admission
-(admission.py), gathering (gather.py) and the cycle's choices (cycle.py) decide.
+the bridge to asyncio, waking. It holds no policy: admission (admission.py), gathering
+(gather.py) and the cycle's choices (cycle.py) decide.
 
-One thread at a time uses the engine: the engine thread, or, for a lone round that finds
-the engine idle, the event loop itself (`inline_rounds`, which saves the round two
-thread hand-offs). Before a step, the engine thread may hold the queued rounds for the
-sessions the last pass answered (gather.py).
+The engine thread alone runs the steps (the tests, with no engine thread started, run
+them by hand). Before a step of rounds, it may hold the queued rounds for the sessions
+the last pass answered (gather.py).
 
 One round per session at a time: a /verify for a session whose round is queued or being
 decoded waits for it, then runs; a copy of that same round (a retry) then gets its
@@ -31,7 +30,7 @@ from server.verifier.admission import QueueShare
 from server.verifier.checks import round_key
 from server.verifier.cycle import CycleStep, Job, Step
 from server.verifier.engine import Engine
-from server.verifier.errors import EngineInterrupted, ServerFull, Unavailable
+from server.verifier.errors import EngineInterrupted, ServerFull
 from server.verifier.gather import Gatherer
 from server.verifier.jobs import Opened
 from server.verifier.metrics import VerifierMetrics
@@ -42,14 +41,8 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL_S = 1.0
 
 
-class RoundAbandoned(Unavailable):
-    """The round's request went away before it reached the engine: nothing was done."""
-
-    error_type = "round_abandoned"
-
-
 async def _result(future: Future) -> Any:
-    if future.done():  # an inline round: no trip through the event loop's wake-up pipe
+    if future.done():  # answered already: no trip through the event loop's wake-up pipe
         return future.result()
     # Shielded: a caller that goes away must not cancel work other callers wait for.
     return await asyncio.shield(asyncio.wrap_future(future))
@@ -102,7 +95,6 @@ class BatchScheduler:
         self._stopping = False
         self._last_sweep = time.monotonic()
         self._engine_lock = threading.Lock()  # held while the engine is in use
-        self._arriving = 0  # verify calls deciding between inline and the queue
         self._rounds = RoundsInFlight()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -125,21 +117,10 @@ class BatchScheduler:
         between two of its steps."""
         future = await self._rounds.claim((owner, request.session_id))
         job = Job(owner, request.session_id, request=request, round_key=round_key(request))
-        inline = self.settings.inline_rounds
-        queued = False
         try:
-            self._enqueue(job, future, wake=not inline, admit=not admitted)
-            queued = True
-            if inline:
-                await self._step_inline(job)
-        except BaseException as exc:
-            # Whoever takes the future out of the queue's keeping answers it: here, if the
-            # round is still queued (or never was), else the engine, which has it.
-            if self._remove(job) is not None or not queued:
-                if not isinstance(exc, Exception):
-                    exc = RoundAbandoned("the request went away before its round ran; resend")
-                with contextlib.suppress(InvalidStateError):
-                    future.set_exception(exc)  # the callers waiting on this round learn why
+            self._enqueue(job, future, admit=not admitted)
+        except Exception as exc:
+            future.set_exception(exc)  # the callers waiting on this round learn why
             raise
         return await _result(future)
 
@@ -183,7 +164,8 @@ class BatchScheduler:
             self.engine.close()
 
     def run_step(self) -> None:
-        """One step of the engine thread's loop, on the caller's thread."""
+        """One step, on the caller's thread: the engine thread's, or a test's that runs
+        no engine thread."""
         with self._engine_lock:
             self._step(self._queued())
 
@@ -200,9 +182,7 @@ class BatchScheduler:
 
     # -- queueing -----------------------------------------------------------------------
 
-    def _enqueue(
-        self, job: Job, future: Future | None = None, wake: bool = True, admit: bool = True
-    ) -> Future:
+    def _enqueue(self, job: Job, future: Future | None = None, admit: bool = True) -> Future:
         future = future or Future()
         with self._wake:
             if self._stopping:
@@ -220,8 +200,7 @@ class BatchScheduler:
             self._futures[job] = future
             self._queue.append(job)
             self.metrics.queue_depth.set(len(self._queue))
-            if wake:
-                self._wake.notify()
+            self._wake.notify()
         return future
 
     def _remove(self, job: Job) -> Future | None:
@@ -230,32 +209,6 @@ class BatchScheduler:
                 self._queue.remove(job)
             self.metrics.queue_depth.set(len(self._queue))
             return self._futures.pop(job, None)
-
-    async def _step_inline(self, job: Job) -> None:
-        """Decode the round here and now if it is alone and the engine idle; else hand it
-        to the engine thread (rounds arriving together are batched there)."""
-        self._arriving += 1
-        try:
-            if self.engine.session_count > 1:
-                # Requests read in the same pass of the event loop are already scheduled:
-                # let them reach this point, so that a burst is batched, not run one by one.
-                await asyncio.sleep(0)
-            if self._engine_lock.acquire(blocking=False):
-                try:
-                    # Checked under the engine lock: the engine thread may have run a
-                    # step, and answered this very round, since it was queued.
-                    with self._wake:
-                        alone = self._queue == deque([job]) and not self._stopping
-                    if alone and self._arriving == 1 and not self._holding():
-                        self._step([job])
-                        self.metrics.inline_rounds.inc()
-                finally:
-                    self._engine_lock.release()
-        finally:
-            self._arriving -= 1
-            if job in self._futures:
-                with self._wake:
-                    self._wake.notify()
 
     # -- the engine thread ------------------------------------------------------------
 
@@ -267,21 +220,14 @@ class BatchScheduler:
                 if self._stopping and not self._queue:
                     return
                 self._hold_for_answered()
-            with self._engine_lock:
-                self._step(self._queued())
-                if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
-                    self._last_sweep = time.monotonic()
-                    try:
+            self.run_step()
+            if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+                self._last_sweep = time.monotonic()
+                try:
+                    with self._engine_lock:
                         self.sweep()
-                    except Exception:  # the thread must outlive any bug: requests wait on it
-                        log.exception("the idle sweep failed")
-
-    def _holding(self) -> bool:
-        """Whether queued rounds are to wait for sessions the last pass answered."""
-        if not (self.settings.gather_rounds and self._thread.is_alive()):
-            return False
-        deadline = self.gatherer.deadline()
-        return deadline is not None and deadline > self.gatherer.clock()
+                except Exception:  # the thread must outlive any bug: requests wait on it
+                    log.exception("the idle sweep failed")
 
     def _hold_for_answered(self) -> None:
         """Under the queue's lock: before a step of rounds, hold the queued rounds for the
@@ -299,8 +245,7 @@ class BatchScheduler:
             self.metrics.gather_hold_seconds.inc(seconds)
 
     def _queued(self) -> list[Job]:
-        """The jobs queued now. Taken under the engine lock: a snapshot taken before it
-        could hold a round that the inline path answered meanwhile."""
+        """The jobs queued now, taken under the engine lock (by the step that runs them)."""
         with self._wake:
             return list(self._queue)
 

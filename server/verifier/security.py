@@ -45,6 +45,9 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._digests)
 
+    def __len__(self) -> int:
+        return len(self._digests)
+
     def identify(self, presented: str | None, prefix: str = "key") -> str | None:
         """The identity of a valid key ("key-N"), else None; constant time per key."""
         if not self.enabled:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
 
 from server.shared.protocol import (
     GenerateRequest,
@@ -23,11 +26,15 @@ from server.shared.protocol import (
 )
 from server.verifier.checks import routing_header, session_id_named
 from server.verifier.engine import Engine, engine_info
+from server.verifier.errors import PromptTooLong
 from server.verifier.jobs import Opened
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
 
 ClientGone = Callable[[], Awaitable[bool]]
+P = TypeVar("P", PrefillRequest, GenerateRequest)
+# Text work at once (tokenizing, detokenizing): off the engine thread and the event loop.
+TEXT_WORKERS = 2
 
 
 class VerifierService:
@@ -36,6 +43,31 @@ class VerifierService:
         self.engine: Engine = scheduler.engine
         self._vocab_file: bytes | None = None
         self._vocab_file_lock = asyncio.Lock()
+        self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
+
+    def close(self) -> None:
+        self._text_pool.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.close()
+
+    async def _in_text_pool(self, fn: Callable, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(
+            self._text_pool, partial(fn, *args, **kwargs)
+        )
+
+    async def _tokenized(self, request: P) -> P:
+        """The request with its prompt text tokenized in the text pool: the engine thread
+        only ever sees token ids. A text that cannot fit is refused untokenized."""
+        if request.prompt is None:
+            return request
+        limit = self.engine.max_prompt_chars
+        if len(request.prompt) > limit:
+            raise PromptTooLong(
+                f"the prompt has {len(request.prompt)} characters; no text over {limit} "
+                f"fits a session's {self.engine.n_ctx} tokens (VERIFIER_MAX_PROMPT_CHARS)"
+            )
+        tokenize = self.engine.runtime.tokenize
+        ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
+        return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
 
     async def prefill(
         self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
@@ -43,7 +75,7 @@ class VerifierService:
         """Open a session. If the client went away meanwhile, nobody will read the answer:
         the session it opened is ended at once rather than hold its sequence until the
         idle TTL (a client that chose the id and retries finds it free)."""
-        opened = await self.scheduler.prefill(request, owner)
+        opened = await self.scheduler.prefill(await self._tokenized(request), owner)
         if gone is not None and await gone():
             await self._discard(opened, owner)
         return opened.response
@@ -67,6 +99,7 @@ class VerifierService:
         use, beside other sessions' rounds. Stops early (freeing its session) if the
         client went away."""
         began = time.perf_counter()
+        request = await self._tokenized(request)
         opened = await self.scheduler.prefill(
             PrefillRequest(
                 **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),
@@ -100,10 +133,7 @@ class VerifierService:
             await self._discard(opened, owner)
         ended = time.perf_counter()
         decode_s = ended - prompt_done
-        engine = self.engine
-        text = await self.scheduler.call(
-            lambda: engine.detokenize(tokens), owner=owner, finishing=True
-        )
+        text = await self._in_text_pool(self.engine.detokenize, tokens)
         return GenerateResponse(
             prompt_ids=prefill.prompt_ids,
             tokens=tokens,

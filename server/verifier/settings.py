@@ -4,14 +4,27 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
+from server.shared.strict import unknown_variables
+
+ENV_PREFIX = "VERIFIER_"
 
 
 class VerifierSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="VERIFIER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_variables(cls, data: object) -> object:
+        """A mistyped VERIFIER_* variable (VERIFIER_API_KEY for VERIFIER_API_KEYS) would
+        leave its setting at the default, authentication off among them: refused."""
+        unknown = unknown_variables(ENV_PREFIX, cls.model_fields)
+        if unknown:
+            raise ValueError("; ".join(unknown))
+        return data
 
     model_path: Path = Field(DEFAULT_VERIFIER_MODEL, description="GGUF file of the target model")
     n_ctx: int = Field(2048, ge=16, description="context length of each session, in tokens")
@@ -36,11 +49,6 @@ class VerifierSettings(BaseSettings):
         description="sequences (sessions, cached prefixes, prompts) one API key holds before "
         "it gives up its own to get more when none is free; 0 = max_sessions divided among "
         "the keys holding any",
-    )
-    inline_rounds: bool = Field(
-        True,
-        description="decode a lone verify round on the event loop when the engine is idle "
-        "(saves two thread switches a round; the loop waits for that one decode)",
     )
     pack_sessions: bool = Field(
         True,
@@ -92,6 +100,12 @@ class VerifierSettings(BaseSettings):
     )
     max_queue: int = Field(
         64, ge=1, description="requests waiting at most; beyond it new work gets 503"
+    )
+    max_prompt_chars: int = Field(
+        0,
+        ge=0,
+        description="longest prompt text accepted, in characters (longer: 413 before it is "
+        "tokenized); 0 = n_ctx times the vocabulary's longest token, the most that can fit",
     )
     max_generate_tokens: int = Field(
         2048, ge=1, description="upper bound on max_tokens for /generate"

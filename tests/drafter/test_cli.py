@@ -46,6 +46,14 @@ def test_prompt_is_required():
     assert "prompt" in result.output.lower()
 
 
+def test_a_mistyped_variable_stops_the_cli_naming_the_one_meant(monkeypatch):
+    monkeypatch.setenv("DRAFTER_SERVR", "http://127.0.0.1:9")
+    result = runner.invoke(app, ["--prompt", "hi"])
+    assert result.exit_code == 2
+    assert "DRAFTER_SERVR is not a setting; did you mean DRAFTER_SERVER?" in result.output
+    assert "Value error" not in result.output
+
+
 def test_json_output_shape(live_verifier):
     result = invoke(
         "--server",

@@ -51,6 +51,9 @@ COMPLETION = {"model": "any", "prompt": "hi", "max_tokens": 4}
         ({"logit_bias": {"50": 10}}, "logit_bias"),
         ({"suffix": "end"}, "suffix"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"top_k": 40}, "top_k"),
+        ({"grammar": "root ::= [a-z]+"}, "grammar"),
+        ({"n_predict": 8}, "n_predict"),
     ],
 )
 def test_bad_completion_fields_are_400s_naming_the_field(api, extra, param):
@@ -118,3 +121,22 @@ def test_health_says_the_verifier_is_down(api):
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"
     assert "cannot be reached" in response.json()["verifier"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "typo", "meant"),
+    [
+        ("/v1/completions", COMPLETION, "max_token", "max_tokens"),
+        ("/v1/completions", COMPLETION, "temprature", "temperature"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "sed", "seed"),
+    ],
+)
+def test_a_misspelled_field_is_a_400_naming_it_and_the_field_meant(api, path, body, typo, meant):
+    response = api.post(path, json={**body, typo: 5})
+    error = assert_openai_error(response, 400, typo)
+    assert error["code"] == "unknown_parameter" and repr(meant) in error["message"]
+
+
+def test_fields_of_the_openai_api_that_change_nothing_here_are_accepted(api):
+    response = api.post("/v1/completions", json={**COMPLETION, "user": "u", "metadata": {}})
+    assert response.status_code != 400, response.text  # refused later: no verifier here

@@ -4,6 +4,7 @@ hangs up. Real models, real uvicorn on 127.0.0.1; outputs must equal undisturbed
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -17,6 +18,8 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from drafter.runner import connect
+from drafter.settings import DrafterSettings
 from scripts.harness.local import free_port
 from scripts.harness.metrics import Metrics
 from server.shared.protocol import PrefillRequest, VerifyRequest
@@ -44,9 +47,13 @@ def undisturbed(live_verifier) -> list[int]:
     ).json()["tokens"]
 
 
-def run_with_hook(url: str, model: DraftModel, hook, **client_args) -> tuple[list[int], object]:
+def run_with_hook(
+    url: str, model: DraftModel, hook, defaults: bool = False, **client_args
+) -> tuple[list[int], object]:
+    """The loop's tokens; `defaults`: the client exactly as the CLI makes it by default."""
     model.reset()
-    with VerifierClient(url, timeout=30, **client_args) as client:
+    made = connect(DrafterSettings(server=url)) if defaults else None
+    with made or VerifierClient(url, timeout=30, **client_args) as client:
         loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=TEST_N_CTX)
         for i, _ in enumerate(loop.run(PrefillRequest(prompt=PROMPT), NEW_TOKENS)):
             hook(i)
@@ -122,10 +129,10 @@ def test_kill_9_and_restart_mid_generation(verifier_model, draft_model, undistur
             ).start()
 
     try:
-        # How long the restart takes (model load, startup probe) depends on the machine
-        # and its load: the retry budget must outlast it whatever it is.
+        # With the CLI's default settings: its restart wait outlasts the restart (model
+        # load, startup probe), however long this machine takes for it.
         tokens, (stats, retries) = run_with_hook(
-            verifiers[0].url, draft_model, crash_and_restart, max_retries=120
+            verifiers[0].url, draft_model, crash_and_restart, defaults=True
         )
         assert tokens == undisturbed
         assert stats.recoveries == 1 and retries >= 1
@@ -280,3 +287,45 @@ def test_told_to_wait_for_its_model_the_verifier_stays_up_and_health_says_why(tm
         assert verifier.process.poll() is None
     finally:
         verifier.stop()
+
+
+def test_a_port_in_use_ends_the_verifier_saying_so_before_anything_loads(verifier_model):
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        started = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "server.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env={**os.environ, "VERIFIER_MODEL_PATH": str(verifier_model)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert started.returncode != 0
+    assert f"127.0.0.1:{port} is in use" in started.stderr
+    assert "verifier ready" not in started.stderr + started.stdout
+
+
+def test_a_mistyped_setting_ends_the_verifier_naming_the_one_meant(verifier_model):
+    import subprocess
+    import sys
+
+    started = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "server.main:app", "--port", str(free_port())],
+        env={**os.environ, "VERIFIER_MODEL_PATH": str(verifier_model), "VERIFIER_API_KEY": "k"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode != 0
+    assert "VERIFIER_API_KEY is not a setting; did you mean VERIFIER_API_KEYS?" in started.stderr

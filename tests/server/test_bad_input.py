@@ -130,3 +130,104 @@ def test_the_documented_codes_of_limits_that_no_other_test_names(client, verifie
         refused = waiting.post("/prefill", json={"prompt": "x"})
         assert_error(refused, 503, "model_loading")
         assert refused.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_misspelled_field_is_a_400_naming_the_field_meant(verifier_model, fast_path):
+    """The same answer from the /verify fast path and from FastAPI's route, and for a
+    field inside a nested object."""
+    from tests.server.conftest import verifier_client
+    from tests.server.test_api import assert_error
+
+    with verifier_client(verifier_model, verify_fast_path=fast_path) as client:
+        opened = client.post("/prefill", json={"prompt": PROMPT}).json()
+        body = {"session_id": opened["session_id"], "n_pastt": opened["total_tokens"]}
+        error = assert_error(client.post("/verify", json=body), 400, "unknown_field")
+        assert error["message"] == "unknown field 'n_pastt'; did you mean 'n_past'?"
+        nested = {"prompt": "x", "sampling": {"temprature": 0.5}}
+        error = assert_error(client.post("/prefill", json=nested), 400, "unknown_field")
+        assert "'sampling.temprature'" in error["message"] and "'temperature'" in error["message"]
+
+
+def test_the_fast_path_and_the_route_answer_every_input_alike(verifier_model):
+    """The same bodies, valid and not, to POST /verify answered before routing and by
+    FastAPI's route: the same status and the same body (timings aside)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.server.conftest import verifier_client
+
+    sid = "f" * 32
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-3, max_value=2**32),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=5),
+        st.lists(st.integers(min_value=-2, max_value=70000), max_size=20),
+    )
+    fields = st.sampled_from(["session_id", "n_past", "draft_tokens", "draft_probs", "n_pastt"])
+    bodies = st.one_of(
+        st.fixed_dictionaries(
+            {"session_id": st.sampled_from([sid, "nobody", ""]), "n_past": values}
+        ),
+        st.dictionaries(fields, values, max_size=4),
+        st.lists(st.integers(), max_size=2),
+        values,
+    )
+
+    with (
+        verifier_client(verifier_model, verify_fast_path=True) as fast,
+        verifier_client(verifier_model, verify_fast_path=False) as routed,
+    ):
+        for client in (fast, routed):
+            opened = client.post("/prefill", json={"prompt": PROMPT, "session_id": sid})
+            assert opened.status_code == 200, opened.text
+
+        def answer(client, body) -> tuple[int, object]:
+            response = client.post("/verify", json=body)
+            content = response.json()
+            if isinstance(content, dict):
+                content.pop("timings", None)
+            return response.status_code, content
+
+        @settings(
+            max_examples=80,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )
+        @given(bodies)
+        def same(body):
+            assert answer(fast, body) == answer(routed, body), body
+
+        same()
+
+
+def test_a_prompt_text_that_cannot_fit_is_refused_before_it_is_tokenized(client, monkeypatch):
+    """413 for a text over the bound, for /prefill and /generate alike, and the tokenizer
+    never sees it; a text within it is tokenized off the engine thread."""
+    import threading
+
+    from tests.server.test_api import assert_error
+
+    engine = client.app.state.verifier.service.engine
+    limit = engine.max_prompt_chars
+    assert limit >= engine.n_ctx
+    seen: list[tuple[int, str]] = []
+    tokenize = engine.runtime.tokenize
+
+    def recorded(text, **kwargs):
+        seen.append((len(text), threading.current_thread().name))
+        return tokenize(text, **kwargs)
+
+    monkeypatch.setattr(engine.runtime, "tokenize", recorded)
+    too_long = "a" * (limit + 1)
+    for path in ("/prefill", "/generate"):
+        error = assert_error(client.post(path, json={"prompt": too_long}), 413, "prompt_too_long")
+        assert str(limit) in error["message"]
+    assert seen == []
+    opened = client.post("/prefill", json={"prompt": PROMPT})
+    assert opened.status_code == 200, opened.text
+    ((length, thread),) = seen
+    assert length == len(PROMPT) and thread.startswith("text")
+    client.delete(f"/sessions/{opened.json()['session_id']}")

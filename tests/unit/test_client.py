@@ -3,6 +3,7 @@ retries and their limits, Retry-After, proxies, headers and exact byte counts.""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from drafter.client import VerifierClient
 from drafter.errors import VerifierRejected, VerifierUnavailable
+from drafter.retry import RestartWait
 from server.shared.protocol import PrefillRequest, RoundTimings, VerifyRequest, VerifyResponse
 
 OK_JSON = b'{"status":"ok"}'
@@ -347,3 +349,91 @@ def clear_proxies(monkeypatch) -> None:
     for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
+
+
+def loading_reply() -> bytes:
+    return error_reply(503, "Service Unavailable", "model_loading", b"Retry-After: 1\r\n")
+
+
+def test_a_verifier_loading_its_model_is_waited_out_with_one_log_line(
+    scripted, sleeps, caplog, monkeypatch
+):
+    """503 model_loading past the retries: the restart wait goes on, and says so once."""
+    monkeypatch.setattr(RestartWait, "PAUSE_S", 0.0)
+    server = scripted(*[loading_reply()] * 5, content_length(OK_JSON))
+    client = client_of(server, max_retries=1, restart_wait_s=600)
+    with caplog.at_level("WARNING", logger="drafter.client"):
+        client._call("GET", "/health", None, None)
+    waits = [r for r in caplog.records if "is restarting" in r.getMessage()]
+    assert len(waits) == 1 and "model" in waits[0].getMessage()
+    assert len(server.requests) == 6
+
+
+def test_without_a_restart_wait_a_loading_verifier_is_given_up_on_after_the_retries(
+    scripted, sleeps
+):
+    server = scripted(*[loading_reply()] * 3)
+    client = client_of(server, max_retries=1, restart_wait_s=0)
+    with pytest.raises(VerifierRejected, match="said so"):
+        client._call("GET", "/health", None, None)
+    assert len(server.requests) == 2
+
+
+def test_a_verifier_that_comes_back_on_its_port_is_waited_for(scripted, sleeps):
+    """Refused connections after first contact: a restart, waited out until it answers
+    again on the same port (here, a new server on it)."""
+    server = scripted(content_length(OK_JSON))
+    client = client_of(server, max_retries=0, restart_wait_s=600)
+    client._call("GET", "/health", None, None)
+    port = server.port
+    server.close()
+    tries = []
+
+    def come_back_after_two_refusals(why: str) -> bool:
+        tries.append(why)
+        if len(tries) == 2:
+            back = socket.create_server(("127.0.0.1", port))
+            threading.Thread(target=answer_once, args=(back,), daemon=True).start()
+        return True
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RestartWait, "goes_on", lambda self, why: come_back_after_two_refusals(why))
+        client._call("GET", "/health", None, None)
+    assert tries == ["its connections are refused"] * 2  # (a kept-alive connection found
+    # dead first, or not, whichever: both are a restart once the verifier had answered)
+
+
+def answer_once(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    with conn, listener:
+        conn.recv(65536)
+        conn.sendall(content_length(OK_JSON))
+
+
+def test_http_to_a_tls_port_fails_at_once_saying_use_https():
+    """A plain request to a TLS server is closed unanswered: not retried before first
+    contact, and the error says the port speaks TLS."""
+    import ssl
+
+    trustme = pytest.importorskip("trustme")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(context)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with contextlib.suppress(ssl.SSLError, OSError):
+                context.wrap_socket(conn, server_side=True).close()  # http: refused, closed
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = VerifierClient(f"http://127.0.0.1:{listener.getsockname()[1]}", max_retries=6)
+        with pytest.raises(VerifierUnavailable, match=r"speaks TLS there: use https://"):
+            client.info()
+        assert client.retries_done == 0
+    finally:
+        listener.close()

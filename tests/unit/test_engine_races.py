@@ -38,11 +38,11 @@ MAX_DRAFT = 8
 
 
 def build(
-    *, max_sessions: int = 4, n_batch: int = 64, inline: bool = False, ttl_s: float = 600.0
+    *, max_sessions: int = 4, n_batch: int = 64, ttl_s: float = 600.0
 ) -> tuple[FakeRuntime, Engine, BatchScheduler]:
     runtime = FakeRuntime(n_seq_max=max_sessions, n_batch=n_batch)
     engine = make_engine(runtime, max_draft=MAX_DRAFT)
-    scheduler = stepped_scheduler(engine, session_ttl_s=ttl_s, inline=inline)
+    scheduler = stepped_scheduler(engine, session_ttl_s=ttl_s)
     return runtime, engine, scheduler
 
 
@@ -113,14 +113,11 @@ def assert_consistent(
 # -- one round per session at a time --------------------------------------------------
 
 
-@pytest.mark.parametrize("inline", [False, True])
-def test_identical_rounds_sent_at_once_get_one_decode_and_one_answer(inline):
-    runtime, engine, scheduler = build(inline=inline)
+def test_identical_rounds_sent_at_once_get_one_decode_and_one_answer():
+    runtime, engine, scheduler = build()
 
     async def scenario():
         session = await open_session(scheduler, "hello there")
-        # A second session makes an inline round yield once before it decodes, so the
-        # copies arrive while the first is in flight, inline or queued.
         await open_session(scheduler, "someone else")
         expected = runtime.reference_greedy(session["ids"], 12)
         draft = expected[:3]
@@ -398,9 +395,8 @@ def test_a_prefill_failing_half_way_frees_its_sequence_and_spares_the_others():
     assert_consistent(runtime, engine)
 
 
-@pytest.mark.parametrize("inline", [False, True])
-def test_a_bug_in_a_pass_or_on_the_inline_path_undoes_what_it_had_begun(monkeypatch, inline):
-    runtime, engine, scheduler = build(inline=inline)
+def test_a_bug_in_a_pass_undoes_what_it_had_begun(monkeypatch):
+    runtime, engine, scheduler = build()
 
     async def scenario():
         session = await open_session(scheduler, "steady")
@@ -408,8 +404,7 @@ def test_a_bug_in_a_pass_or_on_the_inline_path_undoes_what_it_had_begun(monkeypa
         monkeypatch.setattr(engine, "run", _raise)
         (failed,) = await drive(scheduler, scheduler.verify(verify_request(session, [1])))
         monkeypatch.undo()
-        # Undone, inline or on the engine thread, so worth sending again: a 503 the
-        # drafter retries.
+        # Undone, so worth sending again: a 503 the drafter retries.
         assert isinstance(failed, EngineInterrupted) and failed.status_code == 503
         assert engine.session(session["id"]).work is None
         assert_consistent(runtime, engine)
@@ -472,7 +467,7 @@ def test_draft_probs_must_match_the_draft_whatever_the_strategy(strategy):
 
 
 def test_metrics_that_fail_never_cost_a_round_its_answer(monkeypatch):
-    runtime, engine, scheduler = build(inline=True)
+    runtime, engine, scheduler = build()
     monkeypatch.setattr(scheduler.metrics, "observe_pass", _raise)
 
     async def scenario():
@@ -491,7 +486,7 @@ def test_the_engine_thread_survives_a_failing_sweep(monkeypatch):
     scheduler = BatchScheduler(
         engine,
         VerifierMetrics(4, MAX_DRAFT),
-        core_settings(max_queue=8, session_ttl_s=1.0, inline_rounds=False),
+        core_settings(max_queue=8, session_ttl_s=1.0),
     )
     scheduler.start()
 
@@ -526,30 +521,6 @@ def test_stopping_fails_what_is_still_queued_and_undoes_it():
 
     run(scenario())
     assert_consistent(runtime, engine, scheduler)
-
-
-# -- inline rounds ----------------------------------------------------------------------
-
-
-def test_a_lone_round_decoded_inline_equals_a_queued_one():
-    answers = {}
-    for inline in (True, False):
-        runtime, engine, scheduler = build(inline=inline)
-
-        async def scenario(scheduler=scheduler):
-            session = await open_session(scheduler, "same either way")
-            out = []
-            for draft in ([], [1, 2, 3], [28, 6], []):
-                (answer,) = await drive(scheduler, scheduler.verify(verify_request(session, draft)))
-                session["n_past"] = answer.total_tokens
-                out.append(answer.model_dump(exclude={"timings"}))
-            return out
-
-        answers[inline] = run(scenario())
-        inline_rounds = scheduler.metrics.registry.get_sample_value("verifier_inline_rounds_total")
-        assert inline_rounds == (4 if inline else 0)  # no engine thread to contend with
-        assert_consistent(runtime, engine)
-    assert answers[True] == answers[False]
 
 
 # -- batch invariance ------------------------------------------------------------------
@@ -625,45 +596,3 @@ def test_a_prompt_is_cut_at_the_same_places_however_busy_the_engine():
     alone, busy = chunks_and_answer(False), chunks_and_answer(True)
     assert alone[0] == [16, 16, 8]
     assert busy == alone
-
-
-def test_a_round_answered_by_a_step_before_the_inline_path_gets_the_lock_is_not_run_again():
-    """The inline path checks, under the engine lock, that its round is still queued:
-    a step that ran meanwhile (here the test's own) answered it already."""
-    runtime, engine, scheduler = build(inline=True)
-
-    async def scenario():
-        session = await open_session(scheduler, "once only")
-        await open_session(scheduler, "a second session makes the inline path yield")
-        task = asyncio.ensure_future(scheduler.verify(verify_request(session, [])))
-        await asyncio.sleep(0)  # queued; the inline path yields before taking the lock
-        before = runtime.decoded_tokens_total
-        scheduler.run_step()  # the engine's step answers it first
-        answer = await task
-        assert answer.tokens == runtime.reference_greedy(session["ids"], 1)
-        assert runtime.decoded_tokens_total - before == 1  # decoded once, not again inline
-        assert scheduler.metrics.registry.get_sample_value("verifier_inline_rounds_total") == 0
-
-    run(scenario())
-    assert_consistent(runtime, engine, scheduler)
-
-
-def test_a_caller_gone_after_the_engine_took_its_round_leaves_the_answer_to_the_engine():
-    """Whoever takes the round's future out of the queue answers it: a caller cancelled
-    after a step answered its round neither answers it again nor stops the engine."""
-    runtime, engine, scheduler = build(inline=True)
-
-    async def scenario():
-        session = await open_session(scheduler, "gone late")
-        await open_session(scheduler, "a second session makes the inline path yield")
-        request = verify_request(session, [])
-        task = asyncio.ensure_future(scheduler.verify(request))
-        await asyncio.sleep(0)  # inside the inline path's yield
-        scheduler.run_step()  # answered by the step
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        (replay,) = await drive(scheduler, scheduler.verify(request))  # the retry
-        assert replay.tokens == runtime.reference_greedy(session["ids"], 1)
-
-    run(scenario())
-    assert_consistent(runtime, engine, scheduler)

@@ -12,8 +12,7 @@ router = APIRouter(tags=["service"])
 
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(state: StateDep) -> JSONResponse:
-    # Never waits for the engine: it answers while a long prefill runs (at most a lone
-    # round decoded inline, see server/verifier/scheduler.py, holds it up).
+    # Never waits for the engine: it answers while a long prefill runs.
     if state.service is not None:
         return JSONResponse(HealthResponse(status="ok").model_dump(exclude_none=True))
     body = (

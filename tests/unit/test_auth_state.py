@@ -1,0 +1,47 @@
+"""The verifier says at start how it authenticates: its key counts, or a warning when no
+key guards a port beyond loopback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from server.verifier.app import log_auth_state
+from server.verifier.security import ApiKeys
+
+
+def said(caplog) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "server.verifier.app"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "keys", "expected"),
+    [
+        (["uvicorn", "server.main:app"], ["a", "b"], (logging.INFO, "API keys: 2, admin keys: 0")),
+        (
+            ["uvicorn", "server.main:app", "--host", "0.0.0.0"],
+            [],
+            (
+                logging.WARNING,
+                "no API keys (VERIFIER_API_KEYS): anyone who reaches 0.0.0.0 can use this verifier",
+            ),
+        ),
+        (
+            ["uvicorn", "server.main:app", "--host", "127.0.0.1"],
+            [],
+            (logging.INFO, "no API keys: open to whoever reaches the port (loopback here)"),
+        ),
+    ],
+)
+def test_the_auth_state_is_logged_once_at_start(monkeypatch, caplog, argv, keys, expected):
+    monkeypatch.setattr("sys.argv", argv)
+    logger = logging.getLogger("server.verifier.app")
+    # Caught at the logger itself: the app's own log setup may stop propagation upward.
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="server.verifier.app"):
+            log_auth_state(ApiKeys(keys), ApiKeys([]))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert set(said(caplog)) == {expected}  # (seen twice where it also propagates)
