@@ -46,6 +46,7 @@ ApiKeyOpt = Annotated[str | None, _flag("api_key")]
 CaCertOpt = Annotated[Path | None, _flag("ca_cert")]
 TimeoutOpt = Annotated[float | None, _flag("timeout")]
 RetriesOpt = Annotated[int | None, _flag("retries")]
+RestartWaitOpt = Annotated[float | None, _flag("restart_wait")]
 ModelOpt = Annotated[Path | None, _flag("model")]
 GpuLayersOpt = Annotated[int | None, _flag("n_gpu_layers", default_text="all with Metal/CUDA")]
 ThreadsOpt = Annotated[int | None, _flag("threads")]
@@ -134,6 +135,7 @@ def generate(
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
     retries: RetriesOpt = None,
+    restart_wait: RestartWaitOpt = None,
     translate: TranslateOpt = None,
     verbose: VerboseOpt = None,
 ) -> None:
@@ -172,6 +174,7 @@ def serve(
     n_gpu_layers: GpuLayersOpt = None,
     threads: ThreadsOpt = None,
     timeout: TimeoutOpt = None,
+    restart_wait: RestartWaitOpt = None,
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
     verbose: VerboseOpt = None,

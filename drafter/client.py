@@ -23,7 +23,6 @@ from urllib3.exceptions import (
     HTTPError,
     MaxRetryError,
     NewConnectionError,
-    ProtocolError,
     ProxySchemeUnknown,
     SSLError,
     TimeoutError,
@@ -238,10 +237,10 @@ class VerifierClient:
                     preload_content=preload,
                 )
             except MaxRetryError as exc:
-                # Refused, or cut off (a process killed mid-answer): a restart, once the
-                # verifier has answered before.
-                gone = isinstance(exc.reason, NewConnectionError | ProtocolError)
-                if self.reached and gone and restart.goes_on("its connections are refused"):
+                # Refused, once it had answered: a restart. (An answer cut off is not: a
+                # live verifier or proxy may have cut it, and the retries cover it.)
+                refused = isinstance(exc.reason, NewConnectionError)
+                if self.reached and refused and restart.goes_on("its connections are refused"):
                     continue
                 raise self._unreachable(exc.reason, self.retries_done - retries_before) from exc
             except HTTPError as exc:  # not retried (max_retries=0, or a certificate refused)

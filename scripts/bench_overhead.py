@@ -11,7 +11,7 @@ another checkout, for before/after in one run), and in the added round trip
 (`--delays`, through the delaying proxy in scripts/harness).
 
     .venv/bin/python scripts/bench_overhead.py
-    .venv/bin/python scripts/bench_overhead.py --variant "queued:VERIFIER_INLINE_ROUNDS=false" \\
+    .venv/bin/python scripts/bench_overhead.py --variant "routed:VERIFIER_VERIFY_FAST_PATH=false" \\
         --variant "before@/tmp/before" --delays 0,20
 """
 
@@ -71,7 +71,7 @@ def main() -> None:
         action="append",
         default=[],
         help="A verifier to measure (repeat for more): `name`, `name:VAR=value,...` (its "
-        "settings, e.g. VERIFIER_INLINE_ROUNDS=false), `name@DIR` (the verifier of the "
+        "settings, e.g. VERIFIER_VERIFY_FAST_PATH=false), `name@DIR` (the verifier of the "
         "checkout in DIR) or `name@DIR:VAR=value,...`; none given: this checkout's with its "
         "default settings, named 'current'.",
     )

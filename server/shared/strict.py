@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Iterable, Mapping
 
@@ -26,18 +27,31 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; known: {', '.join(known)}" if len(known) <= 12 else ""
 
 
+# What Kubernetes sets in every pod for a Service named like the prefix (`verifier`):
+# VERIFIER_SERVICE_HOST, VERIFIER_SERVICE_PORT(_NAME), VERIFIER_PORT(_8000_TCP(_ADDR...)).
+SERVICE_VARIABLE = re.compile(
+    r"(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_\w+)?)?)"
+)
+
+
 def unknown_variables(
     prefix: str, fields: Iterable[str], environ: Mapping[str, str] | None = None
 ) -> list[str]:
-    """One message per `prefix`* environment variable that names no setting."""
+    """One message per `prefix`* environment variable that names no setting (and is not
+    one a container platform sets for a service of that name)."""
     environ = os.environ if environ is None else environ
-    names = [prefix + field.upper() for field in fields]
+    fields = [field.upper() for field in fields]
     messages = []
     for variable in sorted(environ):
-        if variable.upper().startswith(prefix) and variable.upper() not in names:
-            near = closest(variable, names)
-            hint = f"; did you mean {near}?" if near else f" (see the settings: {prefix}*)"
-            messages.append(f"{variable} is not a setting{hint}")
+        name = variable.upper()
+        if not name.startswith(prefix):
+            continue
+        rest = name.removeprefix(prefix)
+        if rest in fields or SERVICE_VARIABLE.fullmatch(rest):
+            continue
+        near = closest(rest, fields)  # compared without the prefix every name shares
+        hint = f"; did you mean {prefix}{near}?" if near else f" (see the settings: {prefix}*)"
+        messages.append(f"{variable} is not a setting{hint}")
     return messages
 
 

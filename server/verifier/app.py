@@ -89,28 +89,29 @@ def describe_ready(engine: Engine) -> str:
 
 def listening() -> str:
     """Where uvicorn listens, as its command line says (best effort: for the log)."""
-    host = uvicorn_host()
+    host, port = uvicorn_option("--host", "127.0.0.1"), uvicorn_option("--port", "8000")
     if host is None:
         return ""
-    args = sys.argv[1:]
-    port = args[args.index("--port") + 1] if "--port" in args[:-1] else "8000"
-    scheme = "https" if any(a.startswith("--ssl-certfile") for a in args) else "http"
+    scheme = "https" if any(a.startswith("--ssl-certfile") for a in sys.argv[1:]) else "http"
     return f"; at {scheme}://{host}:{port}"
 
 
 def address_in_use() -> str | None:
     """The host:port uvicorn's command line names, if another process listens there
-    (checked before the model loads: a verifier that cannot listen never says ready)."""
-    host = uvicorn_host()
-    if host is None:
+    (checked before the model loads: a verifier that cannot listen never says ready).
+    Not checked where uvicorn binds before the app starts (--reload, --workers), or binds
+    no host and port (--uds, --fd)."""
+    own_socket = ("--reload", "--workers", "--uds", "--fd")
+    if any(a.split("=")[0] in own_socket for a in sys.argv[1:]):
         return None
-    args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1]) if "--port" in args[:-1] else 8000
+    host, port = uvicorn_option("--host", "127.0.0.1"), uvicorn_option("--port", "8000")
+    if host is None or port is None or not port.isdigit():
+        return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
-            probe.bind((host, port))
+            probe.bind((host, int(port)))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return f"{host}:{port}"
@@ -119,16 +120,27 @@ def address_in_use() -> str | None:
 
 def uvicorn_host() -> str | None:
     """The host uvicorn binds, from its command line; None when not run by uvicorn's CLI."""
+    return uvicorn_option("--host", "127.0.0.1")
+
+
+def uvicorn_option(name: str, default: str) -> str | None:
+    """An option of uvicorn's command line (`--port 8000` or `--port=8000`), else its
+    default; None when the process is not uvicorn's CLI serving this app."""
     args = sys.argv[1:]
     if not any("server.main:app" in a for a in args):
         return None
-    return args[args.index("--host") + 1] if "--host" in args[:-1] else "127.0.0.1"
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return default
 
 
 def log_auth_state(keys: ApiKeys, admin_keys: ApiKeys) -> None:
     """How requests are authenticated, said once at start: the key counts, or a warning
     when anyone who reaches a port beyond loopback can use the verifier."""
-    if keys.enabled or admin_keys.enabled:
+    if keys.enabled:
         log.info("API keys: %d, admin keys: %d", len(keys), len(admin_keys))
         return
     host = uvicorn_host()

@@ -110,6 +110,13 @@ class ModelNotReady(Unavailable):
         super().__init__(message)
 
 
+class ModelFailed(Unavailable):
+    """The model did not load (the verifier runs on, told to wait for it): no client
+    should wait for a restart that is not coming."""
+
+    error_type = "model_failed"
+
+
 class ServerFull(Unavailable):
     error_type = "server_full"
 

@@ -46,7 +46,8 @@ class VerifierService:
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
 
     def close(self) -> None:
-        self._text_pool.shutdown(wait=False, cancel_futures=True)
+        # Text work still running uses the model: it ends before the engine frees it.
+        self._text_pool.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
 
     async def _in_text_pool(self, fn: Callable, *args, **kwargs):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from server.verifier.errors import ModelNotReady
+from server.verifier.errors import ModelFailed, ModelNotReady
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.service import VerifierService
 from server.verifier.settings import VerifierSettings
@@ -32,7 +32,7 @@ def service_of(state: AppState) -> VerifierService:
     """The running service, or 503 while the model loads (or failed to)."""
     if state.service is None:
         if state.load_error:
-            raise ModelNotReady(f"the model failed to load: {state.load_error}")
+            raise ModelFailed(f"the model failed to load: {state.load_error}")
         raise ModelNotReady()
     return state.service
 

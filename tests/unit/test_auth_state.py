@@ -45,3 +45,24 @@ def test_the_auth_state_is_logged_once_at_start(monkeypatch, caplog, argv, keys,
     finally:
         logger.removeHandler(caplog.handler)
     assert set(said(caplog)) == {expected}  # (seen twice where it also propagates)
+
+
+def test_uvicorns_options_are_read_in_both_forms_and_its_own_sockets_are_not_probed(
+    monkeypatch,
+):
+    import socket
+
+    from server.verifier.app import address_in_use, uvicorn_option
+
+    monkeypatch.setattr("sys.argv", ["uvicorn", "server.main:app", "--host=0.0.0.0"])
+    assert uvicorn_option("--host", "127.0.0.1") == "0.0.0.0"
+    assert uvicorn_option("--port", "8000") == "8000"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        argv = ["uvicorn", "server.main:app", "--host", "127.0.0.1", f"--port={port}"]
+        monkeypatch.setattr("sys.argv", argv)
+        assert address_in_use() == f"127.0.0.1:{port}"
+        monkeypatch.setattr("sys.argv", [*argv, "--workers", "2"])  # uvicorn's own socket
+        assert address_in_use() is None
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    assert address_in_use() is None and uvicorn_option("--host", "x") is None

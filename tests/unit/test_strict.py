@@ -44,3 +44,16 @@ def test_the_fields_at_a_path_are_those_of_the_model_found_there():
     assert "temperature" in fields_at(PrefillRequest, ["sampling"])
     assert "prompt" in fields_at(PrefillRequest, [])
     assert fields_at(PrefillRequest, ["prompt"]) == []
+
+
+def test_variables_a_container_platform_sets_for_a_service_of_that_name_are_not_refused():
+    environ = {
+        "VERIFIER_SERVICE_HOST": "10.0.0.1",
+        "VERIFIER_SERVICE_PORT": "8000",
+        "VERIFIER_SERVICE_PORT_HTTP": "8000",
+        "VERIFIER_PORT": "tcp://10.0.0.1:8000",
+        "VERIFIER_PORT_8000_TCP_ADDR": "10.0.0.1",
+        "VERIFIER_NCTX": "64",
+    }
+    (message,) = unknown_variables("VERIFIER_", ["n_ctx", "api_keys"], environ)
+    assert message == "VERIFIER_NCTX is not a setting; did you mean VERIFIER_N_CTX?"
