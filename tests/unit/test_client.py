@@ -278,15 +278,16 @@ def test_a_malformed_session_id_is_never_sent(scripted):
     assert server.requests == []
 
 
-def test_a_certificate_the_ca_does_not_vouch_for_is_not_retried(sleeps):
+@pytest.fixture
+def tls_port() -> Iterator[int]:
+    """A port that completes TLS handshakes with a certificate of a CA nobody trusts, then
+    hangs up; a plain request there is refused by the handshake and closed."""
     import ssl
 
     trustme = pytest.importorskip("trustme")
-    cert = trustme.CA().issue_cert("127.0.0.1")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    cert.configure_cert(context)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(context)
     listener = socket.create_server(("127.0.0.1", 0))
-    handshakes: list[str] = []
 
     def serve() -> None:
         while True:
@@ -294,22 +295,24 @@ def test_a_certificate_the_ca_does_not_vouch_for_is_not_retried(sleeps):
                 conn, _ = listener.accept()
             except OSError:
                 return
-            try:
+            with contextlib.suppress(ssl.SSLError, OSError):
                 context.wrap_socket(conn, server_side=True).close()
-            except (ssl.SSLError, OSError) as exc:
-                handshakes.append(type(exc).__name__)
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        client = VerifierClient(f"https://127.0.0.1:{listener.getsockname()[1]}", max_retries=3)
-        with pytest.raises(
-            VerifierUnavailable,
-            match=r"TLS handshake \(cannot reach the verifier: \[SSL: CERTIFICATE_VERIFY_FAILED",
-        ):
-            client.info()
-        assert client.retries_done == 0
+        yield listener.getsockname()[1]
     finally:
         listener.close()
+
+
+def test_a_certificate_the_ca_does_not_vouch_for_is_not_retried(sleeps, tls_port):
+    client = VerifierClient(f"https://127.0.0.1:{tls_port}", max_retries=3)
+    with pytest.raises(
+        VerifierUnavailable,
+        match=r"TLS handshake \(cannot reach the verifier: \[SSL: CERTIFICATE_VERIFY_FAILED",
+    ):
+        client.info()
+    assert client.retries_done == 0
 
 
 def test_a_proxy_from_the_environment_carries_remote_verifiers_not_loopback(scripted, monkeypatch):
@@ -410,30 +413,10 @@ def answer_once(listener: socket.socket) -> None:
         conn.sendall(content_length(OK_JSON))
 
 
-def test_http_to_a_tls_port_fails_at_once_saying_use_https():
+def test_http_to_a_tls_port_fails_at_once_saying_use_https(tls_port):
     """A plain request to a TLS server is closed unanswered: not retried before first
     contact, and the error says the port speaks TLS."""
-    import ssl
-
-    trustme = pytest.importorskip("trustme")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    trustme.CA().issue_cert("127.0.0.1").configure_cert(context)
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with contextlib.suppress(ssl.SSLError, OSError):
-                context.wrap_socket(conn, server_side=True).close()  # http: refused, closed
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        client = VerifierClient(f"http://127.0.0.1:{listener.getsockname()[1]}", max_retries=6)
-        with pytest.raises(VerifierUnavailable, match=r"speaks TLS there: use https://"):
-            client.info()
-        assert client.retries_done == 0
-    finally:
-        listener.close()
+    client = VerifierClient(f"http://127.0.0.1:{tls_port}", max_retries=6)
+    with pytest.raises(VerifierUnavailable, match=r"speaks TLS there: use https://"):
+        client.info()
+    assert client.retries_done == 0
