@@ -13,6 +13,7 @@ import json
 import logging
 import ssl
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote, urlsplit
@@ -133,6 +134,9 @@ class VerifierClient:
         self._retry_unproven.speaks_tls = self._speaks_tls
         self._tls: bool | None = None
         self.reached = False
+        # Whether whoever waits for the answer has gone (serve's client hung up): a
+        # restart is then not waited out.
+        self.abandoned: Callable[[], bool] = lambda: False
         self.retries_done = 0
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -224,7 +228,7 @@ class VerifierClient:
             headers["Content-Length"] = str(len(content))
         url = self.base_url + path
         retries_before = self.retries_done
-        restart = RestartWait(self.base_url, self.restart_wait_s)
+        restart = RestartWait(self.base_url, self.restart_wait_s, self.abandoned)
         while True:
             try:
                 response = self._http.urlopen(

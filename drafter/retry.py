@@ -101,17 +101,21 @@ def retry_policy(
 
 class RestartWait:
     """Waiting out a verifier that restarts: a few seconds between tries, one log line
-    when the wait begins, and at most `limit_s` in all."""
+    when the wait begins, and at most `limit_s` in all; over as soon as `abandoned()`
+    says nobody waits for the answer any more."""
 
     PAUSE_S = 1.0
 
-    def __init__(self, url: str, limit_s: float):
+    def __init__(self, url: str, limit_s: float, abandoned: Callable[[], bool] = lambda: False):
         self.url = url
         self.limit_s = limit_s
+        self.abandoned = abandoned
         self.began: float | None = None
 
     def goes_on(self, why: str) -> bool:
         """Whether to try again (after a pause); False once the wait is over."""
+        if self.abandoned():
+            return False
         now = time.monotonic()
         if self.began is None:
             if self.limit_s <= 0:

@@ -90,8 +90,10 @@ class SpeculativeBackend:
 
     def _load(self) -> SlotPool:
         parallel = self.settings.parallel
-        # A person is waiting on the other side: fail fast rather than retry for long.
-        clients = [connect(self.settings, max_retries=1) for _ in range(parallel)]
+        # The retries and the restart wait the settings say: a verifier killed mid-round
+        # may reset a retry's connection or two before its port refuses them. A client
+        # that hangs up ends its generation's wait (Generation.cancel).
+        clients = [connect(self.settings) for _ in range(parallel)]
         try:
             # Ids as they are only: serve tokenizes prompts with the draft model.
             first, self.info, note = load_checked_drafter(clients[0], self.settings, n_seq=parallel)
@@ -172,6 +174,7 @@ class SpeculativeBackend:
             }
         )
         assert self.info is not None
+        slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(model, slot.client, self.info, settings)
         if model.decodes_alone:
             model.reset()

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 
 import httpx
@@ -18,12 +17,11 @@ from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
-from drafter.runner import connect
-from drafter.settings import DrafterSettings
 from scripts.harness.local import free_port
 from scripts.harness.metrics import Metrics
+from scripts.harness.restart import CLIENTS, run_drills
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier
+from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier, verifier_env
 
 pytestmark = pytest.mark.integration
 
@@ -47,13 +45,9 @@ def undisturbed(live_verifier) -> list[int]:
     ).json()["tokens"]
 
 
-def run_with_hook(
-    url: str, model: DraftModel, hook, defaults: bool = False, **client_args
-) -> tuple[list[int], object]:
-    """The loop's tokens; `defaults`: the client exactly as the CLI makes it by default."""
+def run_with_hook(url: str, model: DraftModel, hook, **client_args) -> tuple[list[int], object]:
     model.reset()
-    made = connect(DrafterSettings(server=url)) if defaults else None
-    with made or VerifierClient(url, timeout=30, **client_args) as client:
+    with VerifierClient(url, timeout=30, **client_args) as client:
         loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=TEST_N_CTX)
         for i, _ in enumerate(loop.run(PrefillRequest(prompt=PROMPT), NEW_TOKENS)):
             hook(i)
@@ -115,31 +109,20 @@ def test_a_lost_response_is_retried_safely(live_verifier, undisturbed):
         client.delete_session(opened.session_id)
 
 
-def test_kill_9_and_restart_mid_generation(verifier_model, draft_model, undisturbed):
-    port = free_port()
-    verifiers = [start_verifier(verifier_model, port=port)]
-
-    def crash_and_restart(i: int) -> None:
-        if i == 2:
-            verifiers[0].process.send_signal(signal.SIGKILL)
-            verifiers[0].process.wait()
-            # Comes back on the same port while the drafter is already retrying.
-            threading.Thread(
-                target=lambda: verifiers.append(start_verifier(verifier_model, port=port))
-            ).start()
-
-    try:
-        # With the CLI's default settings: its restart wait outlasts the restart (model
-        # load, startup probe), however long this machine takes for it.
-        tokens, (stats, retries) = run_with_hook(
-            verifiers[0].url, draft_model, crash_and_restart, defaults=True
-        )
-        assert tokens == undisturbed
-        assert stats.recoveries == 1 and retries >= 1
-    finally:
-        time.sleep(0.5)
-        for verifier in verifiers:
-            verifier.stop()
+def test_a_restart_mid_generation_goes_unnoticed_by_the_cli_and_serve(
+    verifier_model, drafter_model
+):
+    """SIGKILL after the verifier has answered two rounds, then the same command again on
+    the same port: the CLI and `serve` (streamed and whole), each made with its default
+    settings, finish with the verifier's own output (scripts/restart_drill.py's drills)."""
+    drills = run_drills(
+        verifier_env(verifier_model), drafter_model, PROMPT, 120, threads=TEST_THREADS
+    )
+    assert [d.client for d in drills] == list(CLIENTS)
+    for drilled in drills:
+        assert drilled.finished, drilled
+        assert drilled.identical, drilled
+        assert drilled.recoveries == 1, drilled
 
 
 def test_sigterm_finishes_the_round_in_flight(verifier_model, draft_model, undisturbed):

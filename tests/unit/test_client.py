@@ -406,6 +406,21 @@ def test_a_verifier_that_comes_back_on_its_port_is_waited_for(scripted, sleeps):
     assert tries == ["its connections are refused"] * 2
 
 
+def test_a_restart_is_not_waited_out_for_a_caller_who_has_gone(scripted, sleeps, caplog):
+    """`serve`'s client hung up: its generation's wait ends at once, its slot freed."""
+    server = scripted(content_length(OK_JSON))
+    client = client_of(server, max_retries=1, restart_wait_s=600)
+    client._call("GET", "/health", None, None)
+    server.close()
+    client.abandoned = lambda: True
+    with (
+        caplog.at_level("WARNING", logger="drafter.retry"),
+        pytest.raises(VerifierUnavailable, match="cannot be reached"),
+    ):
+        client._call("GET", "/health", None, None)
+    assert not [r for r in caplog.records if "is restarting" in r.getMessage()]
+
+
 def answer_once(listener: socket.socket) -> None:
     conn, _ = listener.accept()
     with conn, listener:
