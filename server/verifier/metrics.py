@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
+from server.verifier.hang_up import HangUpWatch
 from server.verifier.paths import route_path
 
 
@@ -234,12 +237,17 @@ class VerifierMetrics:
 
 
 MODEL_PATHS = frozenset({"/prefill", "/verify", "/generate"})
+HUNG_UP = 499  # nginx's status for a client that closed the connection first
+access_log = logging.getLogger("uvicorn.access")
 
 
 class RequestMetricsMiddleware:
     """Pure ASGI: counts requests by route and status, and keeps the busy clock running
     while model work is in flight. (Starlette's BaseHTTPMiddleware would add a task
-    group and a memory stream to every request, on the path of every round.)"""
+    group and a memory stream to every request, on the path of every round.)
+
+    A request whose client hung up before its answer started is counted, and logged
+    where uvicorn logs requests, as 499: uvicorn drops that answer and logs nothing."""
 
     def __init__(self, app):
         self.app = app
@@ -251,20 +259,22 @@ class RequestMetricsMiddleware:
             return await self.app(scope, receive, send)
         path = route_path(scope)
         model_work = path in MODEL_PATHS or path.startswith("/sessions/")
-        status = 499  # nothing answered: the client went away first (nginx's 499)
+        status = HUNG_UP  # nothing answered: the client went away first
+        watch = HangUpWatch(receive)
 
         async def send_and_record(message):
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status = HUNG_UP if watch.gone else message["status"]
             await send(message)
 
         if model_work:
             metrics.request_started()
         metrics.requests_in_progress.inc()
         try:
-            await self.app(scope, receive, send_and_record)
+            await self.app(scope, watch.receive, send_and_record)
         finally:
+            watch.close()
             metrics.requests_in_progress.dec()
             if model_work:
                 metrics.request_ended()
@@ -272,3 +282,18 @@ class RequestMetricsMiddleware:
             # template, so session ids never become label values.
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             metrics.requests.labels(route, str(status)).inc()
+            if status == HUNG_UP:
+                log_hang_up(scope)
+
+
+def log_hang_up(scope) -> None:
+    """The access log's line for a request whose client hung up, as uvicorn writes its
+    others (its formatter, its switch: `--no-access-log` silences this one too)."""
+    access_log.info(
+        '%s - "%s %s HTTP/%s" %d',
+        get_client_addr(scope),
+        scope["method"],
+        get_path_with_query_string(scope),
+        scope["http_version"],
+        HUNG_UP,
+    )

@@ -188,8 +188,13 @@ def read_http_response(conn: socket.socket) -> tuple[int, str]:
     return int(head.split()[1]), body.decode()
 
 
-def test_a_client_that_hangs_up_leaves_no_session_behind(live_verifier):
-    before = active_sessions(live_verifier.url)
+def test_a_client_that_hangs_up_leaves_no_session_behind_and_is_counted_499(live_verifier):
+    def hung_up() -> float:
+        return Metrics.scrape(live_verifier.url).value(
+            "verifier_requests_total", endpoint="/generate", status="499"
+        )
+
+    before, hung_up_before = active_sessions(live_verifier.url), hung_up()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{live_verifier.url}/generate",
@@ -197,9 +202,12 @@ def test_a_client_that_hangs_up_leaves_no_session_behind(live_verifier):
             timeout=0.5,
         )
     deadline = time.monotonic() + 60
-    while active_sessions(live_verifier.url) > before and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+        active_sessions(live_verifier.url) > before or hung_up() == hung_up_before
+    ):
         time.sleep(0.1)
     assert active_sessions(live_verifier.url) == before
+    assert hung_up() == hung_up_before + 1
     # Nothing is stuck: the next request is served at once.
     quick = httpx.post(
         f"{live_verifier.url}/generate", json={"prompt": PROMPT, "max_tokens": 2}, timeout=10
