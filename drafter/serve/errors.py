@@ -82,6 +82,8 @@ def as_openai_error(exc: BaseException) -> OpenAIError:
                 "verifier_error",
                 "verifier_unauthorized",
             )
+        if exc.status == 413:  # a prompt the verifier's context cannot hold: the user's to fix
+            return invalid_request(exc.message, "prompt", "context_length_exceeded")
         if exc.status == 400 or exc.status == 422:
             return invalid_request(exc.message, code=exc.error_type)
         status = exc.status if exc.status in (409, 503) else 502

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -26,7 +27,7 @@ from server.shared.protocol import (
 )
 from server.verifier.checks import routing_header, session_id_named
 from server.verifier.engine import Engine, engine_info
-from server.verifier.errors import PromptTooLong
+from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
@@ -35,6 +36,9 @@ ClientGone = Callable[[], Awaitable[bool]]
 P = TypeVar("P", PrefillRequest, GenerateRequest)
 # Text work at once (tokenizing, detokenizing): off the engine thread and the event loop.
 TEXT_WORKERS = 2
+# Prompt texts one key may have in the text pool (waiting or being tokenized): another
+# key's text never waits behind more than this many of a flooding key's.
+TEXTS_PER_KEY = 2 * TEXT_WORKERS
 
 
 class VerifierService:
@@ -44,6 +48,7 @@ class VerifierService:
         self._vocab_file: bytes | None = None
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
+        self._texts_by_key: Counter[str] = Counter()
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
@@ -55,9 +60,10 @@ class VerifierService:
             self._text_pool, partial(fn, *args, **kwargs)
         )
 
-    async def _tokenized(self, request: P) -> P:
+    async def _tokenized(self, request: P, owner: str) -> P:
         """The request with its prompt text tokenized in the text pool: the engine thread
-        only ever sees token ids. A text that cannot fit is refused untokenized."""
+        only ever sees token ids. A text that cannot fit is refused untokenized, and so
+        is one past the key's TEXTS_PER_KEY (503, to retry)."""
         if request.prompt is None:
             return request
         limit = self.engine.max_prompt_chars
@@ -66,8 +72,18 @@ class VerifierService:
                 f"the prompt has {len(request.prompt)} characters; no text over {limit} "
                 f"fits a session's {self.engine.n_ctx} tokens (VERIFIER_MAX_PROMPT_CHARS)"
             )
-        tokenize = self.engine.runtime.tokenize
-        ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
+        if self._texts_by_key[owner] >= TEXTS_PER_KEY:
+            raise ServerFull(
+                f"this key has {TEXTS_PER_KEY} prompt texts being tokenized; retry shortly"
+            )
+        self._texts_by_key[owner] += 1
+        try:
+            tokenize = self.engine.runtime.tokenize
+            ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
+        finally:
+            self._texts_by_key[owner] -= 1
+            if not self._texts_by_key[owner]:
+                del self._texts_by_key[owner]
         return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
 
     async def prefill(
@@ -76,7 +92,7 @@ class VerifierService:
         """Open a session. If the client went away meanwhile, nobody will read the answer:
         the session it opened is ended at once rather than hold its sequence until the
         idle TTL (a client that chose the id and retries finds it free)."""
-        opened = await self.scheduler.prefill(await self._tokenized(request), owner)
+        opened = await self.scheduler.prefill(await self._tokenized(request, owner), owner)
         if gone is not None and await gone():
             await self._discard(opened, owner)
         return opened.response
@@ -100,7 +116,7 @@ class VerifierService:
         use, beside other sessions' rounds. Stops early (freeing its session) if the
         client went away."""
         began = time.perf_counter()
-        request = await self._tokenized(request)
+        request = await self._tokenized(request, owner)
         opened = await self.scheduler.prefill(
             PrefillRequest(
                 **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),

@@ -9,7 +9,10 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from drafter.errors import VerifierRejected, VerifierUnavailable
 from drafter.serve.app import MAX_BODY_BYTES, create_app
+from drafter.serve.errors import as_openai_error
+from drafter.serve.slots import QueueFull
 from drafter.settings import DrafterSettings
 
 
@@ -140,3 +143,27 @@ def test_a_misspelled_field_is_a_400_naming_it_and_the_field_meant(api, path, bo
 def test_fields_of_the_openai_api_that_change_nothing_here_are_accepted(api):
     response = api.post("/v1/completions", json={**COMPLETION, "user": "u", "metadata": {}})
     assert response.status_code != 400, response.text  # refused later: no verifier here
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "code"),
+    [
+        (VerifierRejected(401, "unauthorized", "no key"), 502, "verifier_unauthorized"),
+        (VerifierRejected(413, "prompt_too_long", "too long"), 400, "context_length_exceeded"),
+        (VerifierRejected(400, "invalid_token", "bad id"), 400, "invalid_token"),
+        (VerifierRejected(409, "session_busy", "busy"), 409, "session_busy"),
+        (VerifierRejected(503, "server_full", "full"), 503, "server_full"),
+        (VerifierRejected(500, "decode_failed", "broke"), 502, "decode_failed"),
+        (VerifierUnavailable("cannot reach the verifier"), 503, "verifier_unavailable"),
+        (QueueFull("full"), 429, "queue_full"),
+    ],
+)
+def test_what_the_verifier_answers_becomes_the_openai_error_it_means(raised, status, code):
+    """The verifier's refusals as `serve`'s client reads them: its own mistakes 400, the
+    verifier's trouble 502/503, `serve`'s key refused a 502 naming that key."""
+    error = as_openai_error(raised)
+    assert (error.status, error.code) == (status, code)
+    if code == "verifier_unauthorized":
+        assert "--api-key" in error.message
+    if code == "queue_full":
+        assert error.headers == {"Retry-After": "2"}

@@ -4,10 +4,11 @@ not by a long prompt (fake runtime, cycles driven by hand: orders, never timings
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
 from server.verifier.errors import ServerFull
-from server.verifier.service import VerifierService
+from server.verifier.service import TEXTS_PER_KEY, VerifierService
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
@@ -165,6 +166,47 @@ def test_a_flooding_key_gets_503_before_another_keys_round_is_refused():
         await until_answered(scheduler, *flood)
 
     asyncio.run(scenario())
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_key_flooding_the_text_pool_is_refused_past_its_part_and_another_key_is_not():
+    """Prompt texts are tokenized in a small pool: one key may have TEXTS_PER_KEY there,
+    so another key's text waits behind no more than that many of the flood's."""
+    runtime, engine, scheduler = build(max_sessions=8)
+    gate = threading.Event()
+    tokenize = runtime.tokenize
+
+    def slow_for_mallory(text: str, **kwargs) -> list[int]:
+        if text.startswith("flood"):
+            gate.wait()
+        return tokenize(text, **kwargs)
+
+    runtime.tokenize = slow_for_mallory
+    service = VerifierService(scheduler)
+
+    async def scenario():
+        flood = [
+            asyncio.ensure_future(service.prefill(PrefillRequest(prompt=f"flood {i}"), "mallory"))
+            for i in range(TEXTS_PER_KEY + 2)
+        ]
+        await asyncio.sleep(0)
+        refused = [task for task in flood if task.done()]
+        assert len(refused) == 2 and all(isinstance(t.exception(), ServerFull) for t in refused)
+        alice = asyncio.ensure_future(service.prefill(PrefillRequest(prompt="alice"), "alice"))
+        await asyncio.sleep(0)
+        assert not alice.done()  # let in: behind mallory's texts, not refused
+        gate.set()
+        while not alice.done() or not all(task.done() for task in flood):
+            scheduler.run_step()
+            await asyncio.sleep(0.001)  # the pool's threads hand their results over
+        assert alice.result().prompt_ids == tokenize("alice", add_special=True)
+        assert sum(task.exception() is None for task in flood) == TEXTS_PER_KEY
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.set()
+        service.close()
     assert_consistent(runtime, engine, scheduler)
 
 
