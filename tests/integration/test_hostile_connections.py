@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from scripts.harness.replicas import LocalReplicas, NginxMissing
+from scripts.harness.local import free_port
+from scripts.harness.replicas import LocalBalancer, LocalReplicas, NginxMissing
 from server.verifier.settings import VerifierSettings
 from tests.conftest import start_verifier, verifier_env
 
@@ -103,7 +104,28 @@ def test_on_the_verifier_itself_a_body_too_slow_is_a_408(verifier_model, body_se
         )
         answer = ended(sock)
         assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer
+        assert b"\r\nconnection: close\r\n" in answer.lower()
         assert time.monotonic() - began < 60  # a bound on the wait, not a measurement
         assert a_round_is_answered(verifier.url)
     finally:
         verifier.stop()
+
+
+def test_the_fronts_own_errors_come_in_the_verifiers_error_shape():
+    """No replica to reach, a body over the limit: nginx answers them itself, in the shape
+    the drafter reads (a 502 it retries, a 413 it does not)."""
+    try:
+        balancer = LocalBalancer([f"127.0.0.1:{free_port()}"], max_body_bytes=64 * 1024)
+    except NginxMissing as exc:
+        pytest.fail(str(exc))
+    try:
+        unreachable = httpx.post(f"{balancer.url}/verify", json={"n_past": 1}, timeout=60)
+        assert unreachable.status_code == 502
+        assert unreachable.json()["error"]["type"] == "no_replica"
+        too_large = httpx.post(
+            f"{balancer.url}/prefill", json={"prompt": "x" * (65 * 1024)}, timeout=60
+        )
+        assert too_large.status_code == 413
+        assert too_large.json()["error"]["type"] == "body_too_large"
+    finally:
+        balancer.stop()

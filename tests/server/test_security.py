@@ -5,6 +5,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from scripts.harness.metrics import Metrics
 from server.verifier.app import create_app
 from server.verifier.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS
@@ -102,6 +103,17 @@ def test_metrics_need_an_admin_key_which_opens_the_rest_too(secure):
     assert_401(secure.get("/metrics", headers=bearer("not-a-key")))
 
 
+def test_refused_keys_are_counted_401_in_the_metrics(secure):
+    def refused() -> float:
+        text = secure.get("/metrics", headers=bearer(KEY_ADMIN)).text
+        return Metrics(text).value("verifier_requests_total", status="401")
+
+    before = refused()
+    assert_401(secure.post("/prefill", json={"prompt": "hi"}, headers=bearer("not-a-key")))
+    assert_401(secure.get("/info"))
+    assert refused() == before + 2
+
+
 def test_health_stays_open(secure):
     assert secure.get("/health").status_code == 200
 
@@ -132,6 +144,7 @@ def test_bodies_over_the_limit_are_413(secure):
     response = secure.post("/prefill", json=huge, headers=bearer(KEY_A))
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "payload_too_large"
+    assert response.headers["connection"] == "close"  # the rest of the body is not read
 
     def chunked():
         for _ in range(80):

@@ -208,6 +208,36 @@ def test_5xx_from_a_balancer_backs_off_with_jitter_then_gives_the_last_answer(sc
     assert 0.4 <= sleeps[0] <= 0.4 + 0.2 and 0.8 <= sleeps[1] <= 0.8 + 0.2
 
 
+def test_a_504_from_a_balancer_is_retried(scripted, sleeps):
+    """nginx's answer when a replica did not answer in time: the round is asked again."""
+    server = scripted(error_reply(504, "Gateway Timeout", "no_replica"), content_length(OK_JSON))
+    client = client_of(server)
+    client._call("GET", "/health", None, None)
+    assert client.retries_done == 1 and len(server.requests) == 2
+
+
+def test_a_vocabulary_file_over_the_cap_is_refused_unread(scripted, monkeypatch):
+    """GET /vocab is a tokenizer, never a model's weights: past the cap the drafter stops
+    reading and says so."""
+    import drafter.client as client_module
+
+    monkeypatch.setattr(client_module, "MAX_VOCAB_FILE_BYTES", 1 << 20)
+    server = scripted(content_length(b"G" * ((1 << 20) + 1)))
+    with pytest.raises(VerifierUnavailable, match="vocabulary file is over 1 MiB"):
+        client_of(server, max_retries=0).vocab_file()
+    assert len(server.requests) == 1
+
+
+def test_a_verifier_of_another_protocol_version_is_refused_saying_so():
+    from drafter.compat import check_protocol
+    from drafter.errors import DrafterError
+    from server.shared.protocol import PROTOCOL_VERSION, InfoResponse
+
+    check_protocol(InfoResponse.model_construct(protocol_version=PROTOCOL_VERSION))
+    with pytest.raises(DrafterError, match=f"protocol v{PROTOCOL_VERSION + 1}"):
+        check_protocol(InfoResponse.model_construct(protocol_version=PROTOCOL_VERSION + 1))
+
+
 def test_a_500_is_not_retried(scripted, sleeps):
     server = scripted(error_reply(500, "Internal Server Error", "decode_failed"))
     with pytest.raises(VerifierRejected, match="decode_failed"):

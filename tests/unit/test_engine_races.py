@@ -23,6 +23,7 @@ from server.verifier.errors import (
     InternalError,
     InvalidDraftProbs,
     InvalidToken,
+    NonFiniteNumbers,
     NPastMismatch,
     ServerFull,
     SessionBusy,
@@ -355,6 +356,46 @@ def test_an_exception_after_the_decode_undoes_that_round_only(monkeypatch, strat
         # its twin, which never failed.
         assert await continue_alone(scheduler, victim, 8) == await continue_alone(
             scheduler, twin, 8
+        )
+
+    run(scenario())
+    assert_consistent(runtime, engine)
+
+
+def test_logits_that_are_not_finite_fail_that_round_only_with_500():
+    """NaN or inf from the model (a broken build, an overflow): 500 non_finite_numbers
+    for that round, which leaves its session as it was; the round beside it is answered."""
+    runtime, engine, scheduler = build()
+    logits_after = runtime.logits_after
+    poisoned = {}
+
+    def sometimes_nan(prefix, kernels=()):
+        row = logits_after(prefix, kernels)
+        armed = poisoned.get("prefix")
+        if armed is not None and list(prefix[: len(armed)]) == armed:
+            row = row.copy()
+            row[3] = np.nan
+        return row
+
+    runtime.logits_after = sometimes_nan
+
+    async def scenario():
+        victim = await open_session(scheduler, "victim")
+        bystander = await open_session(scheduler, "bystander")
+        twin = await open_session(scheduler, "victim")
+        poisoned["prefix"] = victim["ids"]  # the twin's cells are the same: armed after
+        failed, ok = await drive(
+            scheduler,
+            scheduler.verify(verify_request(victim, [4])),
+            scheduler.verify(verify_request(bystander, [])),
+        )
+        assert isinstance(failed, NonFiniteNumbers) and failed.status_code == 500
+        assert failed.error_type == "non_finite_numbers"
+        assert ok.tokens == runtime.reference_greedy(bystander["ids"], 1)
+        assert_consistent(runtime, engine)
+        poisoned.clear()
+        assert await continue_alone(scheduler, victim, 6) == await continue_alone(
+            scheduler, twin, 6
         )
 
     run(scenario())
