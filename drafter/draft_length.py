@@ -18,6 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Rounds without a draft (k = 0): the verifier time one asks for, and at least this many
+# times the link's time, so that neither the stream nor the link's share suffers.
+CHUNK_S = 0.15
+CHUNK_LINKS = 4
+CHUNK_FIRST = 8  # before the verifier's time per token is known
+# While the advice is not 0: chunks before a drafted round measures drafting again, from
+# PROBE_FIRST, doubling after each probe that keeps the chunks, up to PROBE_LAST.
+PROBE_FIRST = 4
+PROBE_LAST = 64
+
 
 @dataclass
 class FixedLength:
@@ -28,6 +38,9 @@ class FixedLength:
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
         pass
+
+    def chunk(self) -> int:
+        return 1
 
     @property
     def label(self) -> str:
@@ -57,6 +70,9 @@ class DoublingLength:
         after = 2 * self.k if accepted_prefix_len == drafted else accepted_prefix_len + 1
         self.k = min(max(after, self.minimum), self.maximum)
 
+    def chunk(self) -> int:
+        return 1
+
     @property
     def label(self) -> str:
         return "auto"
@@ -71,6 +87,7 @@ class RoundTiming:
     round_trip_s: float  # sent to answered, as the drafter saw it
     draft_s: float  # drafting done before it could be sent (the critical path)
     drafted_ahead: bool  # its draft was ready when the previous answer came
+    steps: int = 1  # a round without a draft: the tokens (one pass each) it asked for
 
 
 @dataclass
@@ -86,12 +103,21 @@ class LinkAwareLength:
     draft made then (short on a slow CPU drafter: every token waits), `next(ahead=True)`
     for one made while the round is out (free to be longer: the wait pays for it). On a
     slow link both grow; next to the verifier they shrink (Leviathan et al., section 3.3,
-    with the link added)."""
+    with the link added).
+
+    k = 0, where the verifier can decode chunks of its own tokens (`max_chunk` > 1): a
+    round without a draft asks for `chunk()` tokens, which commit in link + chunk *
+    verifier(1). Chosen whenever the verifier advises 0 (`advise`: its rows cost as much
+    as the tokens they win, for this session and its load, server/verifier/advice.py),
+    and otherwise when the chunk's rate beats the best draft's. Drafting steps aside
+    only as far as the advice allows: while it is not 0, a drafted round is sent now and
+    then (after 4, 8, 16, ... chunks) to measure again what only drafting shows."""
 
     maximum: int
     start: int = 4
     minimum: int = 1
     decay: float = 0.9
+    max_chunk: int = 1
     k: int = 0
     _accepted: float = 3.0  # a weak prior: a = 0.75
     _rejected: float = 1.0
@@ -99,6 +125,10 @@ class LinkAwareLength:
     k_ahead: int = 0
     _link_s: float | None = None
     _draft_s: float | None = None
+    advised: int | None = None  # the verifier's last advice (None: it gives none)
+    chunking: bool = False
+    _probe_every: int = PROBE_FIRST
+    _chunks_to_probe: int = PROBE_FIRST
 
     def __post_init__(self) -> None:
         self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
@@ -108,27 +138,64 @@ class LinkAwareLength:
         return "auto"
 
     def next(self, ahead: bool = False) -> int:
+        if self.chunking and (self.advised == 0 or self._chunks_to_probe > 0):
+            return 0
         return self.k_ahead if ahead else self.k
+
+    def chunk(self) -> int:
+        """Tokens a round without a draft asks for: enough that the link's time is a
+        small part of the round, few enough that a stream stays fluid."""
+        per_token = self.verifier_s(1)
+        if self.max_chunk <= 1 or per_token <= 0:
+            return min(self.max_chunk, CHUNK_FIRST)
+        seconds = max(CHUNK_S, CHUNK_LINKS * (self._link_s or 0.0))
+        return max(1, min(self.max_chunk, round(seconds / per_token)))
+
+    def advise(self, advised: int | None) -> None:
+        self.advised = advised
+        self._choose()
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
         if drafted == 0:
+            if self.chunking:
+                self._chunks_to_probe -= 1
             return
+        if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
+            self._probe_every = min(2 * self._probe_every, PROBE_LAST)
+            self._chunks_to_probe = self._probe_every
         self._accepted = self.decay * self._accepted + accepted_prefix_len
         self._rejected = self.decay * self._rejected + (accepted_prefix_len < drafted)
 
     def observe(self, timing: RoundTiming) -> None:
         d = self.decay
         n, x, y, xx, xy = self._fit
-        r, v = timing.rows, timing.verifier_s
+        r, v = timing.rows, timing.verifier_s / timing.steps
         self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
-        link = max(0.0, timing.round_trip_s - v)
+        link = max(0.0, timing.round_trip_s - timing.verifier_s)
         self._link_s = link if self._link_s is None else d * self._link_s + (1 - d) * link
         if timing.rows > 1 and not timing.drafted_ahead:
             per_token = timing.draft_s / (timing.rows - 1)
             self._draft_s = (
                 per_token if self._draft_s is None else (d * self._draft_s + (1 - d) * per_token)
             )
-        self.k, self.k_ahead = self._best(ahead=False), self._best(ahead=True)
+        self._choose()
+
+    def _choose(self) -> None:
+        ceiling = self.maximum if not self.advised else min(self.maximum, self.advised)
+        ceiling = max(ceiling, self.minimum)
+        self.k, self.k_ahead = self._best(False, ceiling), self._best(True, ceiling)
+        was = self.chunking
+        if self.max_chunk <= 1:
+            self.chunking = False
+        elif self.advised == 0:
+            self.chunking = True
+        else:
+            drafting = max(
+                self.expected_tokens_per_s(self.k), self.expected_tokens_per_s(self.k_ahead, True)
+            )
+            self.chunking = self.chunk_tokens_per_s() > drafting
+        if self.chunking and not was:
+            self._probe_every = self._chunks_to_probe = PROBE_FIRST
 
     @property
     def acceptance(self) -> float:
@@ -152,8 +219,13 @@ class LinkAwareLength:
             seconds += k * (self._draft_s or 0.0)
         return tokens / seconds if seconds > 0 else 0.0
 
-    def _best(self, ahead: bool) -> int:
-        candidates = range(self.minimum, self.maximum + 1)
+    def chunk_tokens_per_s(self) -> float:
+        m = self.chunk()
+        seconds = (self._link_s or 0.0) + m * self.verifier_s(1)
+        return m / seconds if seconds > 0 else 0.0
+
+    def _best(self, ahead: bool, ceiling: int) -> int:
+        candidates = range(self.minimum, ceiling + 1)
         return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead))
 
 

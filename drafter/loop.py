@@ -181,9 +181,11 @@ class SpeculativeLoop:
             result.stats.draft_time_s += draft_s
             if draft.tokens and not draft.reused:
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
+            # No draft: a chunk of the verifier's own tokens, where it decodes them.
+            chunk = 1 if draft.tokens else self._chunk(committed, max_tokens)
             try:
                 verdict, round_trip_s, ready = self._verify(
-                    sender, session[0], committed, draft, max_tokens
+                    sender, session[0], committed, draft, max_tokens, chunk
                 )
             except VerifierRejected as exc:
                 ready = None
@@ -208,6 +210,7 @@ class SpeculativeLoop:
                 round_trip_s=round_trip_s,
                 draft_s=draft_s,
                 drafted_ahead=draft.reused == len(draft.tokens) > 0,
+                steps=1 if draft.tokens else max(1, len(verdict.tokens)),
             )
             yield self._commit(committed, draft, verdict, timing)
             if verdict.eos:
@@ -229,17 +232,29 @@ class SpeculativeLoop:
         # A round commits at most k + 1 tokens: never more than asked for.
         return min(self.draft_length.next(ahead=ahead), remaining - 1, room)
 
+    def _chunk(self, committed: list[int], max_tokens: int) -> int:
+        """The tokens a round without a draft asks for: what the draft length says, never
+        past the tokens asked for or the context."""
+        remaining = max_tokens - len(self.result.tokens)
+        room = self.n_ctx - len(committed) + 1
+        return max(1, min(self.draft_length.chunk(), remaining, room))
+
     def _commit(
         self, committed: list[int], draft: Draft, verdict: VerifyResponse, timing: RoundTiming
     ) -> RoundEvent:
         result, stats = self.result, self.result.stats
         committed.extend(verdict.tokens)
         result.tokens.extend(verdict.tokens)
-        stats.count_round(len(draft.tokens), verdict.accepted_prefix_len, draft.reused)
+        stats.count_round(
+            len(draft.tokens), verdict.accepted_prefix_len, draft.reused, len(verdict.tokens)
+        )
         stats.round_trip_s += timing.round_trip_s
         stats.verifier_time_s += timing.verifier_s
         stats.generated_tokens = len(result.tokens)
         self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
+        advise = getattr(self.draft_length, "advise", None)
+        if advise is not None:
+            advise(verdict.advised_draft)
         observe = getattr(self.draft_length, "observe", None)
         if observe is not None:
             observe(timing)
@@ -257,6 +272,7 @@ class SpeculativeLoop:
         committed: list[int],
         draft: Draft,
         max_tokens: int,
+        chunk: int = 1,
     ) -> tuple[VerifyResponse, float, Draft | None]:
         """The round's answer, its round trip, and the next round's draft if it was made
         while this one was out (pipelined) for the answer that came."""
@@ -265,13 +281,16 @@ class SpeculativeLoop:
             n_past=len(committed),
             draft_tokens=list(draft.tokens),
             draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
+            chunk_tokens=chunk if chunk > 1 else None,
         )
         if sender is None:
             return (*self._timed_verify(request), None)
         in_flight: Future = sender.submit(self._timed_verify, request)
         k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
-        if self.speculation is not None and 0 < k < room:
+        # A chunk's answer is many tokens: nothing to draft ahead for.
+        ahead = self.speculation is not None and chunk == 1
+        if ahead and 0 < k < room:
             self.speculation.prepare(
                 committed, draft.tokens, k, in_flight.done, self._wait_s, self._token_s
             )
@@ -280,7 +299,7 @@ class SpeculativeLoop:
         verdict, round_trip_s = in_flight.result()
         ready = None
         left = max_tokens - len(self.result.tokens) - len(verdict.tokens)
-        if self.speculation is not None and not verdict.eos and left > 1:
+        if ahead and not verdict.eos and left > 1:
             token = verdict.tokens[-1]
             ready = self.speculation.take(verdict.accepted_prefix_len, token, min(k, left - 1))
         return verdict, round_trip_s, ready

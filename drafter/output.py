@@ -90,6 +90,12 @@ class TextRenderer:
             ("prompt tokens", f"{stats.prompt_tokens}"),
             ("generated tokens", f"{stats.generated_tokens} ({result.finish_reason})"),
             ("rounds", f"{stats.rounds}"),
+            (
+                "rounds without a draft",
+                f"{stats.rounds_without_draft} ({stats.tokens_without_draft} tokens: the "
+                "verifier's own, where drafting could not pay)",
+            ),
+            ("mean draft length", f"{stats.mean_draft_len:.2f}"),
             ("drafted", f"{stats.drafted}"),
             ("accepted", f"{stats.accepted}"),
             ("acceptance rate", f"{stats.acceptance_rate:.1%}"),

@@ -170,7 +170,7 @@ def draft_length(settings: DrafterSettings, info: InfoResponse) -> DraftLength:
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.
         return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
-    return LinkAwareLength(maximum=info.max_draft)
+    return LinkAwareLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens)
 
 
 def speculative_loop(

@@ -19,6 +19,10 @@ class GenerationStats:
     bytes_received: int = 0
     recoveries: int = 0  # new sessions opened after the verifier lost ours
     rejected_rounds: int = 0  # rounds where a draft token was refused
+    # Rounds without a draft (k = 0: drafting could not pay) and the tokens they brought
+    # (a chunk of the verifier's own each, or one).
+    rounds_without_draft: int = 0
+    tokens_without_draft: int = 0
     reused_drafts: int = 0  # draft tokens made while the previous round was in flight
     prefill_time_s: float = 0.0  # opening the session (the prompt's prefill)
     draft_time_s: float = 0.0  # drafting while nothing was in flight (the critical path)
@@ -43,6 +47,7 @@ class GenerationStats:
     # The rates below, reported beside the counts.
     DERIVED: ClassVar[tuple[str, ...]] = (
         "acceptance_rate",
+        "mean_draft_len",
         "tokens_per_round",
         "tokens_per_s",
         "bytes_sent_per_round",
@@ -52,7 +57,12 @@ class GenerationStats:
         "speculation_hit_rate",
     )
 
-    def count_round(self, drafted: int, accepted: int, reused: int) -> None:
+    def count_round(self, drafted: int, accepted: int, reused: int, tokens: int = 1) -> None:
+        """A round of `drafted` tokens, `accepted` of them, `reused` drafted ahead; it
+        committed `tokens` (accepted + 1, or a chunk's)."""
+        if not drafted:
+            self.rounds_without_draft += 1
+            self.tokens_without_draft += tokens
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -94,6 +104,11 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_draft_len(self) -> float:
+        """Draft tokens per round, rounds without a draft counted as 0."""
+        return self.drafted / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_round(self) -> float:

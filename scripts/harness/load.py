@@ -152,12 +152,17 @@ def run_drafters(
     else:
         drafters = [ReplayDrafter(*reference[p], n_vocab) for p in prompts]
     clients = [TimedClient(url, timeout=600, api_key=api_keys[i % len(api_keys)]) for i in range(n)]
+    max_chunk = clients[0].info().max_chunk_tokens  # 1 where the verifier has no chunks
     outputs: list[list[int]] = [[] for _ in range(n)]
     errors: list[str] = []
     barrier = threading.Barrier(n + 1 + (during is not None))
 
     def run(i: int) -> None:
-        length = LinkAwareLength(maximum=16) if draft_n == "auto" else FixedLength(int(draft_n))
+        length = (
+            LinkAwareLength(maximum=16, max_chunk=max_chunk)
+            if draft_n == "auto"
+            else FixedLength(int(draft_n))
+        )
         loop = SpeculativeLoop(drafters[i], clients[i], draft_n=length, n_ctx=n_ctx)
         barrier.wait()
         try:

@@ -51,6 +51,8 @@ LOSSLESS: dict[Strategy, bool] = {
 }
 # Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
 MAX_DRAFT_SCHEMA = 256
+# A round without a draft may ask for this many of the verifier's own tokens at most.
+MAX_CHUNK_TOKENS = 64
 MAX_PROMPT_TOKENS_SCHEMA = 1 << 20
 
 
@@ -153,6 +155,19 @@ class VerifyRequest(WireModel):
     draft_probs: list[list[tuple[TokenId, Probability]]] | None = Field(
         None, max_length=MAX_DRAFT_SCHEMA
     )
+    chunk_tokens: Annotated[int, Strict()] | None = Field(
+        None,
+        ge=1,
+        le=MAX_CHUNK_TOKENS,
+        description="a round without a draft (k = 0): the verifier decodes this many tokens "
+        "of its own, one pass each, and answers them together (None: one)",
+    )
+
+    @model_validator(mode="after")
+    def _chunk_without_draft(self) -> VerifyRequest:
+        if self.chunk_tokens is not None and self.chunk_tokens > 1 and self.draft_tokens:
+            raise ValueError("chunk_tokens above 1 is for a round without draft_tokens")
+        return self
 
 
 class RoundTimings(ResponseModel):
@@ -168,13 +183,23 @@ class RoundTimings(ResponseModel):
 
 class VerifyResponse(ResponseModel):
     accepted_prefix_len: int
-    tokens: list[int] = Field(description="draft_tokens[:m] + one token chosen by the target")
-    preds: list[int] = Field(description="the target's argmax at each of the k+1 positions")
+    tokens: list[int] = Field(
+        description="draft_tokens[:m] + one token chosen by the target (a chunk: its tokens)"
+    )
+    preds: list[int] = Field(
+        description="the target's argmax at each of the k+1 positions (a chunk: at each token)"
+    )
     total_tokens: int
     eos: bool
     strategy: Strategy
     lossless: bool
     timings: RoundTimings
+    advised_draft: int | None = Field(
+        None,
+        description="the draft length the verifier advises this session's next round (0: "
+        "drafting cannot pay here now); from what its passes cost, how many sessions share "
+        "them and this session's acceptance (docs/performance.md)",
+    )
 
 
 class GenerateRequest(PromptInput):
@@ -213,6 +238,9 @@ class InfoResponse(ResponseModel):
     vocab_type: str = ""
     add_eos: bool = False
     max_draft: int
+    max_chunk_tokens: int = Field(
+        1, description="the most tokens a round without a draft may ask for (chunk_tokens)"
+    )
     max_sessions: int
     flash_attn: bool
     batch_invariant: bool = Field(

@@ -32,7 +32,7 @@ def round_key(request: VerifyRequest) -> tuple:
     probs = None
     if request.draft_probs:  # an empty list says what no list says
         probs = tuple(tuple(map(tuple, row)) for row in request.draft_probs)
-    return (request.n_past, tuple(request.draft_tokens), probs)
+    return (request.n_past, tuple(request.draft_tokens), probs, request.chunk_tokens or 1)
 
 
 def resolve_strategy(request: PrefillRequest) -> Strategy:

@@ -65,6 +65,8 @@ class Step:
     rounds_decoded: int = 0  # rounds in the cycle's pass of rounds
     answered_rounds: list[SessionKey] = field(default_factory=list)  # decoded and answered
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) each
+    advised: list[int] = field(default_factory=list)  # the draft length each round's answer advised
+    fixed_rows: float = 0.0  # what a pass's fixed part costs, in rows, as learned so far
     ended: list[SessionKey] = field(default_factory=list)  # sessions a call ran for
     replayed: int = 0
     evicted: int = 0
@@ -208,6 +210,7 @@ class CycleStep:
         prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
         ran = self.engine.run([j.work for j in rounds], [j.work for j in prompts])
         out.passes += ran.passes
+        out.fixed_rows = self.engine.pass_cost.fixed_rows
         if rounds:
             out.rounds_decoded = len(rounds)
         for job, result in zip(rounds + prompts, ran.results, strict=True):
@@ -216,6 +219,8 @@ class CycleStep:
             if isinstance(result, VerifyResponse):
                 out.answered_rounds.append((job.owner, job.session_id))
                 out.rounds.append((len(job.work.draft_tokens), result.accepted_prefix_len))
+                if result.advised_draft is not None:
+                    out.advised.append(result.advised_draft)
             elif isinstance(result, Opened):
                 reused = result.reservation.reused
                 out.prompt_tokens_reused += reused

@@ -28,6 +28,7 @@ import numpy as np
 from server.shared import vocab
 from server.shared.protocol import (
     LOSSLESS,
+    MAX_CHUNK_TOKENS,
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
@@ -39,6 +40,7 @@ from server.shared.protocol import (
 from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import dense
 from server.verifier import invariance
+from server.verifier.advice import Acceptance, PassCost
 from server.verifier.checks import (
     check_draft_probs,
     check_prompt_len,
@@ -107,6 +109,8 @@ class Engine:
         if reuse and not (report.batch_invariant and report.prefill_chunk_invariant):
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
+        # What a pass of rounds costs, learned from those it runs: the draft length advised.
+        self.pass_cost = PassCost(self.shapes.pass_cost_rows)
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -224,6 +228,9 @@ class Engine:
             jobs.append(JobRows(work.session.seq_id, work.evaluated, chunk, False))
         works: list[Work] = [*rounds, *prompts]
         decoded = self.decoder.decode(jobs, self.shapes, tolerate=True)
+        for record in decoded.passes:
+            if record.kind == "rounds":
+                self.pass_cost.observe(record.rows, record.seconds, record.sessions)
         results: list[Result] = []
         for work, job, outcome, seconds in zip(
             works, jobs, decoded.outcomes, decoded.seconds, strict=True
@@ -258,7 +265,11 @@ class Engine:
             remove=self.runtime.remove,
             is_eog=self.runtime.is_eog,
             lossless=self.lossless(work.session.strategy),
+            advise=self._advise,
         )
+
+    def _advise(self, acceptance: Acceptance) -> int:
+        return self.pass_cost.advise(acceptance, self.max_draft)
 
     def _advance_prefill(self, work: PrefillWork, n_tokens: int) -> Opened | None:
         """Count a decoded chunk; the session opened once the whole prompt is cached."""
@@ -324,6 +335,7 @@ def engine_info(engine: Engine) -> InfoResponse:
         add_eos=engine.vocab.add_eos,
         vocab_text_hashes=engine.vocab.text_hashes,
         max_draft=engine.max_draft,
+        max_chunk_tokens=MAX_CHUNK_TOKENS,
         max_sessions=engine.n_seq,
         flash_attn=rt.flash_attn,
         batch_invariant=report.batch_invariant,

@@ -136,6 +136,22 @@ class VerifierMetrics:
             buckets=[float(n) for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)],
             registry=r,
         )
+        self.advised_draft = Histogram(
+            "verifier_advised_draft",
+            "the draft length each round's answer advised (0: drafting cannot pay now)",
+            buckets=[float(n) for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)],
+            registry=r,
+        )
+        self.pass_fixed_rows = Gauge(
+            "verifier_pass_fixed_rows",
+            "what a pass's fixed part costs, in rows, as learned from the passes of rounds",
+            registry=r,
+        )
+        self.rounds_without_draft = Counter(
+            "verifier_rounds_without_draft",
+            "rounds that carried no draft: /generate's steps and each token of a chunk",
+            registry=r,
+        )
         self.pass_rows = Histogram(
             "verifier_pass_rows",
             "rows in one llama_decode, padding and filler rows included",
@@ -203,6 +219,10 @@ class VerifierMetrics:
             self.cycle_rounds.observe(step.rounds_decoded)
         for drafted, accepted in step.rounds:
             self.observe_round(drafted, accepted)
+        for advised in step.advised:
+            self.advised_draft.observe(advised)
+        if step.passes:
+            self.pass_fixed_rows.set(step.fixed_rows)
         self.replayed_rounds.inc(step.replayed)
         self.evicted_sessions.inc(step.evicted)
         self.moved_sequences.inc(step.moved)
@@ -210,6 +230,8 @@ class VerifierMetrics:
         self.prompt_tokens_evaluated.inc(step.prompt_tokens_evaluated)
 
     def observe_round(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            self.rounds_without_draft.inc()
         self.drafted_tokens.inc(drafted)
         self.accepted_tokens.inc(accepted)
         for counter in self._drafted_at[:drafted]:

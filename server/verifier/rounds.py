@@ -1,6 +1,8 @@
 """What finishing a decoded round means: the strategy's rule judges the draft against the
 verifier's logits (server/shared/acceptance.py), the rejected cells leave the session's
-KV sequence, and the answer is recorded for a replay."""
+KV sequence, and the answer is recorded for a replay. The answer carries the draft length
+the verifier advises next (server/verifier/advice.py), from the session's acceptance with
+this round counted."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import numpy as np
 
 from server.shared.acceptance import judge
 from server.shared.protocol import RoundTimings, Strategy, VerifyResponse
+from server.verifier.advice import Acceptance
 from server.verifier.errors import NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
+from server.verifier.sessions import Session
 
 
 def finish_round(
@@ -23,6 +27,7 @@ def finish_round(
     remove: Callable[[int, int], None],
     is_eog: Callable[[int], bool],
     lossless: bool,
+    advise: Callable[[Acceptance], int] | None = None,
 ) -> VerifyResponse:
     """The round's answer, the session advanced by it. Everything that can fail comes
     before the session changes; the random stream is put back if it does, so a round
@@ -44,6 +49,8 @@ def finish_round(
             session.rng,
             is_eog,
         )
+        acceptance = session.acceptance.after(len(work.draft_tokens), verdict.accepted_prefix_len)
+        advised = advise(acceptance) if advise is not None else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.
         remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
@@ -60,6 +67,7 @@ def finish_round(
                 engine_ms=round((time.perf_counter() - work.began) * 1000.0, 3),
                 decoded_tokens=len(work.tokens),
             ),
+            advised_draft=advised,
         )
     except BaseException:
         if rng_state is not None:
@@ -67,7 +75,15 @@ def finish_round(
         raise
     session.tokens.extend(verdict.tokens)
     session.decoded_tokens += len(work.tokens)
+    session.acceptance = acceptance
     session.last_used = time.monotonic()
     session.last_round_key, session.last_response = work.round_key, response
     session.work, work.closed = None, True
     return response
+
+
+def record_answer(session: Session, key: tuple, response: VerifyResponse) -> None:
+    """Record an answer made of several rounds (a chunk) as the one a replay of `key`
+    gets, if the session is still where that answer left it."""
+    if session.work is None and len(session.tokens) == response.total_tokens:
+        session.last_round_key, session.last_response = key, response

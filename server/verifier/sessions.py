@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
+from server.verifier.advice import Acceptance
 from server.verifier.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.verifier.eviction import Eviction
 from server.verifier.packing import Packing
@@ -49,6 +50,7 @@ class Session:
     last_round_key: tuple | None = None
     last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     work: Any = None  # the round begun and not yet finished or undone (at most one)
 
     @property

@@ -23,6 +23,7 @@ from drafter.model import DraftModel
 from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import PrefillRequest
 from tests.conftest import TEST_N_CTX, TEST_THREADS
+from tests.fixtures.scripted_length import ScriptedLength
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +96,13 @@ def test_generate_equals_the_independent_reference(expected):
         assert generated == reference_tokens, name
 
 
+def committed_by_rounds(stats: dict) -> int:
+    """Accepted drafts and one token a drafted round; a round without a draft brings its
+    own (one, or a chunk of the verifier's)."""
+    drafted_rounds = stats["rounds"] - stats["rounds_without_draft"]
+    return stats["accepted"] + drafted_rounds + stats["tokens_without_draft"]
+
+
 @pytest.mark.parametrize("draft_n", [1, 4, 8])
 @pytest.mark.parametrize(("name", "prompt", "chat"), PROMPTS, ids=[p[0] for p in PROMPTS])
 def test_speculative_equals_verifier_alone(
@@ -112,7 +120,39 @@ def test_speculative_equals_verifier_alone(
         assert out["finish_reason"] == "max_tokens"
     stats = out["stats"]
     assert stats["drafted"] <= draft_n * stats["rounds"]
-    assert stats["generated_tokens"] == stats["accepted"] + stats["rounds"]
+    assert stats["generated_tokens"] == committed_by_rounds(stats)
+
+
+# Drafts of several lengths and rounds without a draft (chunks of the verifier's own
+# tokens, one token, nine) in turn: what `auto` may switch between at any round.
+EVERY_KIND_OF_ROUND = [(0, 5), (3, 1), (0, 2), (1, 1), (0, 1), (6, 1), (0, 9), (2, 1)]
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
+@pytest.mark.parametrize("name", ["plain-code", "plain-list", "chat-list"])
+def test_rounds_of_every_kind_in_turn_equal_the_verifier_alone(
+    live_verifier, drafter_model, expected, name, pipeline
+):
+    prompt_ids, generated, reference_tokens = expected[name]
+    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+    try:
+        with VerifierClient(live_verifier.url) as client:
+            loop = SpeculativeLoop(
+                model,
+                client,
+                draft_n=ScriptedLength(EVERY_KIND_OF_ROUND),
+                n_ctx=TEST_N_CTX,
+                pipeline=pipeline,
+            )
+            request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False)
+            rounds = list(loop.run(request, NEW_TOKENS))
+    finally:
+        model.close()
+    assert loop.result.tokens == generated == reference_tokens
+    chunks = [r for r in rounds if not r.draft_tokens and len(r.tokens) > 1]
+    assert chunks, "no round brought a chunk"
+    stats = loop.result.stats.as_dict()
+    assert stats["generated_tokens"] == committed_by_rounds(stats)
 
 
 # Each speed feature on its own and together; pipelining is on by default above.
@@ -140,7 +180,7 @@ def test_speed_features_keep_the_output_identical(
     out = run_cli(live_verifier.url, prompt, chat, draft_n, NEW_TOKENS, *extra)
     assert out["tokens"] == expected[name][1] == expected[name][2]
     stats = out["stats"]
-    assert stats["generated_tokens"] == stats["accepted"] + stats["rounds"]
+    assert stats["generated_tokens"] == committed_by_rounds(stats)
     if "--no-pipeline" in extra or "ngram" in extra:
         assert stats["reused_drafts"] == 0
 

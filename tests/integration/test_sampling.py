@@ -24,6 +24,7 @@ from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
 from server.shared.runtime import LlamaRuntime
 from server.shared.sampling import probabilities
 from tests.conftest import TEST_N_CTX, TEST_THREADS
+from tests.fixtures.scripted_length import ScriptedLength
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +79,18 @@ def draft_model(drafter_model):
 
 
 def first_tokens(
-    client, model, prompt_ids, strategy: str, seed: int, n: int = 2, pipeline: bool = False
+    client,
+    model,
+    prompt_ids,
+    strategy: str,
+    seed: int,
+    n: int = 2,
+    pipeline: bool = False,
+    draft_n=1,
 ):
     sampling = sampling_for(seed)
     model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
-    loop = SpeculativeLoop(model, client, draft_n=1, n_ctx=TEST_N_CTX, pipeline=pipeline)
+    loop = SpeculativeLoop(model, client, draft_n=draft_n, n_ctx=TEST_N_CTX, pipeline=pipeline)
     request = PrefillRequest(
         prompt_tokens=prompt_ids, add_bos=False, sampling=sampling, strategy=strategy
     )
@@ -160,6 +168,30 @@ def test_pipelined_drafts_keep_sampling_exact(
     assert set(thirds) <= set(exact_third)
     for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
         pvalue = chi_square_pvalue(counts, exact, RUNS)
+        assert pvalue > 1e-3, (pvalue, counts)
+
+
+def test_a_chunk_then_a_draft_keeps_sampling_exact(
+    live_verifier, draft_model, prompt_ids, exact_joint, exact_third
+):
+    """A round without a draft that asks for two of the verifier's own tokens, then a
+    round with a draft (what `auto` switches between): the first two tokens, sampled by
+    the verifier in the chunk, and the third, judged against a draft, follow the verifier."""
+    runs = RUNS // 2  # each run is three rounds: half the draws keep the suite's time
+    pairs: dict[tuple[int, int], int] = {}
+    thirds: dict[int, int] = {}
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(runs):
+            script = ScriptedLength([(0, 2), (1, 1)])
+            tokens, stats = first_tokens(
+                client, draft_model, prompt_ids, "rejection", seed, n=4, draft_n=script
+            )
+            assert stats.tokens_without_draft >= 2  # the chunk, and maybe a last round
+            pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
+            thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
+    assert set(pairs) <= set(exact_joint) and set(thirds) <= set(exact_third)
+    for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
+        pvalue = chi_square_pvalue(counts, exact, runs)
         assert pvalue > 1e-3, (pvalue, counts)
 
 

@@ -123,7 +123,7 @@ def test_what_auto_means_for_each_drafter(options, expected):
     from drafter.runner import SEEDED_DRAFT_N, draft_length
     from drafter.settings import DrafterSettings
 
-    info = type("Info", (), {"max_draft": 16})()
+    info = type("Info", (), {"max_draft": 16, "max_chunk_tokens": 64})()
     length = draft_length(DrafterSettings(**options), info)
     assert isinstance(length, expected)
     if "seed" in options and expected is FixedLength:
