@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Rounds without a draft (k = 0): the verifier time one asks for, and at least this many
-# times the link's time, so that neither the stream nor the link's share suffers.
-CHUNK_S = 0.15
+# Rounds without a draft (k = 0): the verifier time one asks for, from CHUNK_S_FIRST (the
+# first tokens soon) doubling with each such round up to CHUNK_S_LAST (the link's share
+# small, the stream still a few updates a second), and at least CHUNK_LINKS times the
+# link's time.
+CHUNK_S_FIRST = 0.1
+CHUNK_S_LAST = 0.4
 CHUNK_LINKS = 4
 CHUNK_FIRST = 8  # before the verifier's time per token is known
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
@@ -129,6 +132,7 @@ class LinkAwareLength:
     chunking: bool = False
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
+    _chunk_s: float = CHUNK_S_FIRST
 
     def __post_init__(self) -> None:
         self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
@@ -148,7 +152,7 @@ class LinkAwareLength:
         per_token = self.verifier_s(1)
         if self.max_chunk <= 1 or per_token <= 0:
             return min(self.max_chunk, CHUNK_FIRST)
-        seconds = max(CHUNK_S, CHUNK_LINKS * (self._link_s or 0.0))
+        seconds = max(self._chunk_s, CHUNK_LINKS * (self._link_s or 0.0))
         return max(1, min(self.max_chunk, round(seconds / per_token)))
 
     def advise(self, advised: int | None) -> None:
@@ -159,6 +163,7 @@ class LinkAwareLength:
         if drafted == 0:
             if self.chunking:
                 self._chunks_to_probe -= 1
+                self._chunk_s = min(2 * self._chunk_s, CHUNK_S_LAST)
             return
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
@@ -181,14 +186,20 @@ class LinkAwareLength:
         self._choose()
 
     def _choose(self) -> None:
-        ceiling = self.maximum if not self.advised else min(self.maximum, self.advised)
-        ceiling = max(ceiling, self.minimum)
-        self.k, self.k_ahead = self._best(False, ceiling), self._best(True, ceiling)
+        measured = self._fit[0] > 0  # before the first round: `start`, within the advice
+        if not measured and self.advised:
+            self.k = self.k_ahead = max(self.minimum, min(self.k, self.advised))
+        if measured:
+            ceiling = self.maximum if not self.advised else min(self.maximum, self.advised)
+            ceiling = max(ceiling, self.minimum)
+            self.k, self.k_ahead = self._best(False, ceiling), self._best(True, ceiling)
         was = self.chunking
         if self.max_chunk <= 1:
             self.chunking = False
         elif self.advised == 0:
             self.chunking = True
+        elif not measured:
+            self.chunking = False
         else:
             drafting = max(
                 self.expected_tokens_per_s(self.k), self.expected_tokens_per_s(self.k_ahead, True)
@@ -196,6 +207,7 @@ class LinkAwareLength:
             self.chunking = self.chunk_tokens_per_s() > drafting
         if self.chunking and not was:
             self._probe_every = self._chunks_to_probe = PROBE_FIRST
+            self._chunk_s = CHUNK_S_FIRST
 
     @property
     def acceptance(self) -> float:

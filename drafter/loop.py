@@ -13,7 +13,6 @@ accepted.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 import uuid
@@ -28,6 +27,7 @@ from drafter.errors import VerifierRejected
 from drafter.remote_session import RemoteSessions
 from drafter.speculation import SpeculationCache
 from drafter.stats import GenerationStats
+from drafter.warming import Warming
 from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
 from server.shared.sampling import sparse
 
@@ -108,6 +108,7 @@ class SpeculativeLoop:
         # Learned as rounds go: a round trip, and a drafted token (what speculation has).
         self._wait_s = float("inf")
         self._token_s = 0.0
+        self.warming = Warming()
 
     @property
     def session_id(self) -> str | None:
@@ -128,6 +129,7 @@ class SpeculativeLoop:
         try:
             opened = self._open(prefill, sender)
         except BaseException:
+            self.warming.wait()  # no thread left on the draft model
             if sender is not None:
                 # Not waiting out a prefill on Ctrl-C: a session it still opens ends at
                 # the verifier's idle TTL.
@@ -138,6 +140,7 @@ class SpeculativeLoop:
             self._opened(opened, self.clock() - began)
             yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
+            self.warming.wait()  # no thread left using the draft model after the run
             if sender is not None:
                 sender.shutdown(wait=True)
             stats = self.result.stats
@@ -155,6 +158,7 @@ class SpeculativeLoop:
         stats.prefill_time_s = prefill_s
         stats.prompt_tokens = opened.prompt_len
         stats.cached_prompt_tokens = opened.cached_tokens
+        _advise(self.draft_length, opened.advised_draft)  # the first round too
 
     def _rounds(
         self,
@@ -175,14 +179,17 @@ class SpeculativeLoop:
                     None if ready.probs is None else ready.probs[:k],
                     min(k, ready.reused),
                 )
-            else:
+            elif k > 0:
+                self.warming.wait()
                 draft = self.drafter.get_candidates(committed, k)
+            else:
+                draft = Draft([], None)
             draft_s = self.clock() - drafting
             result.stats.draft_time_s += draft_s
             if draft.tokens and not draft.reused:
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             # No draft: a chunk of the verifier's own tokens, where it decodes them.
-            chunk = 1 if draft.tokens else self._chunk(committed, max_tokens)
+            chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens)
             try:
                 verdict, round_trip_s, ready = self._verify(
                     sender, session[0], committed, draft, max_tokens, chunk
@@ -232,13 +239,6 @@ class SpeculativeLoop:
         # A round commits at most k + 1 tokens: never more than asked for.
         return min(self.draft_length.next(ahead=ahead), remaining - 1, room)
 
-    def _chunk(self, committed: list[int], max_tokens: int) -> int:
-        """The tokens a round without a draft asks for: what the draft length says, never
-        past the tokens asked for or the context."""
-        remaining = max_tokens - len(self.result.tokens)
-        room = self.n_ctx - len(committed) + 1
-        return max(1, min(self.draft_length.chunk(), remaining, room))
-
     def _commit(
         self, committed: list[int], draft: Draft, verdict: VerifyResponse, timing: RoundTiming
     ) -> RoundEvent:
@@ -252,9 +252,7 @@ class SpeculativeLoop:
         stats.verifier_time_s += timing.verifier_s
         stats.generated_tokens = len(result.tokens)
         self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
-        advise = getattr(self.draft_length, "advise", None)
-        if advise is not None:
-            advise(verdict.advised_draft)
+        _advise(self.draft_length, verdict.advised_draft)
         observe = getattr(self.draft_length, "observe", None)
         if observe is not None:
             observe(timing)
@@ -288,9 +286,13 @@ class SpeculativeLoop:
         in_flight: Future = sender.submit(self._timed_verify, request)
         k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
-        # A chunk's answer is many tokens: nothing to draft ahead for.
+        # A chunk's answer is many tokens: nothing to draft ahead for. Where a drafted
+        # round may come (the advice is not 0), the drafter catches up meanwhile.
         ahead = self.speculation is not None and chunk == 1
+        if chunk > 1 and getattr(self.draft_length, "advised", 0):
+            self.warming.catch_up(self.drafter, committed)
         if ahead and 0 < k < room:
+            self.warming.wait()
             self.speculation.prepare(
                 committed, draft.tokens, k, in_flight.done, self._wait_s, self._token_s
             )
@@ -305,22 +307,33 @@ class SpeculativeLoop:
         return verdict, round_trip_s, ready
 
     def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:
-        """The verifier's prefill. Pipelined, the drafter evaluates the prompt meanwhile,
-        so its first draft does not wait for that on top of the verifier's."""
+        """The verifier's prefill; pipelined, the drafter warms up meanwhile (warming.py)."""
         warm = getattr(self.drafter, "warm", None)
         if sender is None or warm is None:
             return self.sessions.open(prefill)
         in_flight: Future = sender.submit(self.sessions.open, prefill)
-        # A drafter that cannot take the prompt fails again at its first draft, with the
-        # session open and closed by the loop; until then the prefill is what matters.
-        with contextlib.suppress(Exception):
-            warm(prefill)
+        self.warming.start(warm, prefill)
         return in_flight.result()
 
     def _timed_verify(self, request: VerifyRequest) -> tuple[VerifyResponse, float]:
         began = self.clock()
         verdict = self.verifier.verify(request)
         return verdict, self.clock() - began
+
+
+def _chunk(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> int:
+    """The tokens a round without a draft asks for: what the draft length says, never
+    past the tokens asked for or the context."""
+    remaining = max_tokens - len(loop.result.tokens)
+    room = loop.n_ctx - len(committed) + 1
+    return max(1, min(loop.draft_length.chunk(), remaining, room))
+
+
+def _advise(length: object, advised: int | None) -> None:
+    """The verifier's advice, to a draft length that takes it (`auto`)."""
+    advise = getattr(length, "advise", None)
+    if advise is not None:
+        advise(advised)
 
 
 def _ema(mean: float, value: float, weight: float = 0.2) -> float:

@@ -219,6 +219,11 @@ class DraftModel:
         ranked = ([expected] if expected else []) + rest
         return [(i, t) for _, i, t in ranked[:limit]]
 
+    def catch_up(self, committed: Sequence[int]) -> None:
+        """Evaluate the committed tokens the cache lacks (rounds without a draft brought
+        them), so that the next draft starts at once."""
+        self._sync(self._own_ids(committed))
+
     def warm(self, prefill: PrefillRequest) -> None:
         """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call
         the server makes), so that the first draft finds it cached. Should the verifier's

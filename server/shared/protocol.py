@@ -144,6 +144,9 @@ class PrefillResponse(ResponseModel):
         description="prompt tokens taken from a cached prefix of the same API key, not "
         "evaluated again",
     )
+    advised_draft: int | None = Field(
+        None, description="the draft length the verifier advises the first round (as /verify's)"
+    )
 
 
 class VerifyRequest(WireModel):

@@ -26,6 +26,7 @@ Pure: no clock, no threads (the engine feeds it its passes and rounds).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Before any draft is seen: a = 0.75, as weak as one round.
@@ -34,6 +35,7 @@ PRIOR_REJECTED = 1.0
 ACCEPTANCE_DECAY = 0.9  # each round, the weight left to the rounds before it
 PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 50)
 MAX_FIXED_ROWS = 1024.0  # rows that cost nothing measurable: the fixed part is all
+SEED_WEIGHT = 4.0  # passes each of the probe's timings weighs as
 
 
 @dataclass(frozen=True)
@@ -78,29 +80,27 @@ def advised_draft(acceptance: float, fixed_rows: float, sharing: float, max_draf
 
 
 class PassCost:
-    """seconds = fixed + per_row * rows, fitted to recent passes of rounds; until passes of
-    two different sizes are seen, the startup probe's `prior_fixed_rows`."""
+    """seconds = fixed + per_row * rows, fitted to recent passes of rounds and to `seed`,
+    the startup probe's timings of a session's round alone ((rows, seconds) pairs, each
+    weighing as SEED_WEIGHT passes, for good): they settle the line while the passes run
+    have one size only (chunks: one row each). With neither, `prior_fixed_rows`."""
 
-    def __init__(self, prior_fixed_rows: float):
+    def __init__(self, prior_fixed_rows: float, seed: Sequence[tuple[int, float]] = ()):
         self.prior_fixed_rows = prior_fixed_rows
+        self._seed = [0.0] * 5
+        for rows, seconds in seed:
+            self._seed = _added(self._seed, rows, seconds, SEED_WEIGHT)
         self._fit = [0.0] * 5  # weighted n, sum rows, sum seconds, sum rows^2, sum rows*s
         self.sharing = 1.0  # sessions a pass of rounds holds, recent passes weighted more
 
     def observe(self, rows: int, seconds: float, sessions: int) -> None:
         d = PASS_DECAY
-        n, x, y, xx, xy = self._fit
-        self._fit = [
-            d * n + 1,
-            d * x + rows,
-            d * y + seconds,
-            d * xx + rows**2,
-            d * xy + rows * seconds,
-        ]
+        self._fit = _added([d * total for total in self._fit], rows, seconds, 1.0)
         self.sharing = d * self.sharing + (1 - d) * max(sessions, 1)
 
     def line(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per row), or None while the passes seen cannot tell."""
-        n, x, y, xx, xy = self._fit
+        n, x, y, xx, xy = (a + b for a, b in zip(self._fit, self._seed, strict=True))
         spread = n * xx - x * x
         if n < 2 or spread <= 1e-9 * max(n * xx, 1.0):
             return None
@@ -121,3 +121,14 @@ class PassCost:
 
     def advise(self, acceptance: Acceptance, max_draft: int) -> int:
         return advised_draft(acceptance.rate, self.fixed_rows, self.sharing, max_draft)
+
+
+def _added(sums: list[float], rows: int, seconds: float, weight: float) -> list[float]:
+    n, x, y, xx, xy = sums
+    return [
+        n + weight,
+        x + weight * rows,
+        y + weight * seconds,
+        xx + weight * rows * rows,
+        xy + weight * rows * seconds,
+    ]

@@ -40,7 +40,7 @@ from server.shared.protocol import (
 from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import dense
 from server.verifier import invariance
-from server.verifier.advice import Acceptance, PassCost
+from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, PassCost
 from server.verifier.checks import (
     check_draft_probs,
     check_prompt_len,
@@ -110,7 +110,9 @@ class Engine:
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
-        self.pass_cost = PassCost(self.shapes.pass_cost_rows)
+        # Pinned, every pass computes every row of every sequence: rows are free there.
+        free_rows = MAX_FIXED_ROWS if self.shapes.pinned_width else self.shapes.pass_cost_rows
+        self.pass_cost = PassCost(free_rows, report.alone_s)
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -289,6 +291,7 @@ class Engine:
             strategy=session.strategy,
             lossless=self.lossless(session.strategy),
             cached_tokens=work.reservation.reused,
+            advised_draft=self._advise(session.acceptance),
         )
         return Opened(response, session, work.reservation)
 

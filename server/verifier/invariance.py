@@ -77,6 +77,8 @@ class InvarianceReport:
     prefill_chunk_max_diff: float = 0.0
     prompt_chunk: int = 0  # the chunk length those two describe
     pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
+    # A session's round alone, timed: (rows, seconds) for one row and for a short draft.
+    alone_s: tuple[tuple[int, float], ...] = ()
 
 
 def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
@@ -152,7 +154,8 @@ def probe(
         report = _rounds(target, free, ids, round_rows) if pin != "on" else None
         if report is not None and report.batch_invariant:
             rows = min(round_rows, TIMED_ROUND_ROWS)
-            report = replace(report, pass_cost_rows=_pass_cost(target, free, ids, rows))
+            cost_rows, alone = _pass_cost(target, free, ids, rows)
+            report = replace(report, pass_cost_rows=cost_rows, alone_s=alone)
         elif pin != "off":
             pinned = replace(free, pinned_width=pin_width)
             pinned_report = replace(
@@ -238,17 +241,17 @@ def _rounds(
 
 def _pass_cost(
     target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
-) -> float:
+) -> tuple[float, tuple[tuple[int, float], ...]]:
     """How many rows one pass costs, from the time of one round alone and of every
     sequence with one (the least of a few tries each): the planner's trade between
-    padding rows and more passes."""
-    if target.n_seq < 2:
-        return 0.0
+    padding rows and more passes. Also one session's round alone, of one row and of
+    `round_rows`: (rows, seconds) each, the cost of a draft where a session is alone."""
     shapes = replace(shapes, pass_cost_rows=float(shapes.max_rows))  # every round in one pass
     rounds = [
         JobRows(s, PROBE_CONTEXT, _round_tokens(ids, s, round_rows), True)
         for s in range(target.n_seq)
     ]
+    single = JobRows(0, PROBE_CONTEXT, _round_tokens(ids, 0, 1), True)
 
     def timed(jobs: list[JobRows]) -> float:
         best = float("inf")
@@ -260,11 +263,15 @@ def _pass_cost(
                 target.remove(job.seq_id, PROBE_CONTEXT)
         return best
 
-    one, every = timed(rounds[:1]), timed(rounds)
+    one_row, one = timed([single]), timed(rounds[:1])
+    alone = ((1, one_row), (round_rows, one))
+    if target.n_seq < 2:
+        return 0.0, alone
+    every = timed(rounds)
     per_row = (every - one) / (round_rows * (target.n_seq - 1))
     if per_row <= 0:
-        return float(round_rows * target.n_seq)  # rows cost nothing measurable: fill
-    return max(0.0, (one - per_row * round_rows) / per_row)
+        return float(round_rows * target.n_seq), alone  # rows cost nothing measurable: fill
+    return max(0.0, (one - per_row * round_rows) / per_row), alone
 
 
 def _prompt_chunking(target: ProbeTarget, shapes: PassShapes, chunk: int) -> float:
