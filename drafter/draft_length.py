@@ -133,6 +133,7 @@ class LinkAwareLength:
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
     _chunk_s: float = CHUNK_S_FIRST
+    _chunk_rate: float | None = None  # tokens a second that rounds without a draft gave
 
     def __post_init__(self) -> None:
         self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
@@ -173,6 +174,13 @@ class LinkAwareLength:
 
     def observe(self, timing: RoundTiming) -> None:
         d = self.decay
+        if timing.rows == 1 and timing.round_trip_s > 0:
+            # Measured whole: under load a chunk's steps can miss passes, which the
+            # verifier's own times do not show.
+            rate = timing.steps / timing.round_trip_s
+            self._chunk_rate = (
+                rate if self._chunk_rate is None else d * self._chunk_rate + (1 - d) * rate
+            )
         n, x, y, xx, xy = self._fit
         r, v = timing.rows, timing.verifier_s / timing.steps
         self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
@@ -232,6 +240,8 @@ class LinkAwareLength:
         return tokens / seconds if seconds > 0 else 0.0
 
     def chunk_tokens_per_s(self) -> float:
+        if self._chunk_rate is not None:
+            return self._chunk_rate
         m = self.chunk()
         seconds = (self._link_s or 0.0) + m * self.verifier_s(1)
         return m / seconds if seconds > 0 else 0.0

@@ -134,6 +134,7 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
                                 draft_n=k,
                                 drafter=args.drafter,
                                 threads=args.threads,
+                                draft_token_s=args.draft_token_ms / 1000.0,
                             )
                             print_row(label, k, row)
                             rates.setdefault((label, k, n), []).append(row.tokens_per_s)
@@ -285,6 +286,13 @@ def main() -> None:
         default="replay",
         help="Who drafts: replay (the verifier's own tokens, every few wrong, at no "
         "drafting cost) or model (the draft model, competing for this machine's cores).",
+    )
+    parser.add_argument(
+        "--draft-token-ms",
+        type=float,
+        default=0.0,
+        help="What a replayed drafter spends on each draft token, in ms (asleep, as a "
+        "drafter on a machine of its own: a Metal Q4_K_M drafter's few ms); 0: nothing.",
     )
     parser.add_argument(
         "--threads",

@@ -56,12 +56,16 @@ class TimedClient(VerifierClient):
 
 
 class ReplayDrafter:
-    """Drafts the verifier's own continuation, one token in REPLAY_MISS made wrong."""
+    """Drafts the verifier's own continuation, one token in REPLAY_MISS made wrong,
+    spending `token_s` a draft token (asleep: a drafter on a machine of its own)."""
 
-    def __init__(self, prompt_len: int, continuation: Sequence[int], n_vocab: int):
+    def __init__(
+        self, prompt_len: int, continuation: Sequence[int], n_vocab: int, token_s: float = 0.0
+    ):
         self.prompt_len = prompt_len
         self.continuation = list(continuation)
         self.n_vocab = n_vocab
+        self.token_s = token_s
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
@@ -71,6 +75,8 @@ class ReplayDrafter:
         for i in range(len(draft)):
             if (at + i) % REPLAY_MISS == REPLAY_MISS - 1:
                 draft[i] = (draft[i] + 1) % self.n_vocab
+        if self.token_s and draft:
+            time.sleep(self.token_s * len(draft))
         return Draft(draft, None)
 
 
@@ -136,6 +142,7 @@ def run_drafters(
     reference: dict | None = None,
     n_vocab: int = 0,
     during: Callable[[], None] | None = None,
+    draft_token_s: float = 0.0,
 ) -> LevelResult:
     """One drafter per prompt, all started at once, `rounds` rounds each (or to the end of
     the reference); `during` runs on a thread of its own while they do."""
@@ -150,7 +157,7 @@ def run_drafters(
         owner = DraftModel(DEFAULT_DRAFTER_MODEL, n_ctx=n_ctx + 256, n_seq=n, n_threads=threads)
         drafters = [owner, *(DraftModel.on(owner.context, i) for i in range(1, n))]
     else:
-        drafters = [ReplayDrafter(*reference[p], n_vocab) for p in prompts]
+        drafters = [ReplayDrafter(*reference[p], n_vocab, draft_token_s) for p in prompts]
     clients = [TimedClient(url, timeout=600, api_key=api_keys[i % len(api_keys)]) for i in range(n)]
     max_chunk = clients[0].info().max_chunk_tokens  # 1 where the verifier has no chunks
     outputs: list[list[int]] = [[] for _ in range(n)]

@@ -1,5 +1,7 @@
 """The draft-length schedules."""
 
+import itertools
+
 import pytest
 
 from drafter.draft_length import DoublingLength, FixedLength, LinkAwareLength, RoundTiming
@@ -128,3 +130,68 @@ def test_what_auto_means_for_each_drafter(options, expected):
     assert isinstance(length, expected)
     if "seed" in options and expected is FixedLength:
         assert length.next() == SEEDED_DRAFT_N
+
+
+def drive(length: LinkAwareLength, rounds: int, per_row_s: float, fixed_s: float, advised):
+    """Rounds as `auto` asks for them against a verifier whose pass costs fixed + per row,
+    a 2 ms link and a 5 ms drafted token; the advice the verifier gives each time. The
+    draft lengths sent, 0 for a round without a draft."""
+    sent = []
+    for _ in range(rounds):
+        k = length.next()
+        sent.append(k)
+        if k == 0:
+            m = length.chunk()
+            verifier_s = m * (fixed_s + per_row_s)
+            length.update(0, 0)
+            length.advise(advised)
+            length.observe(RoundTiming(1, verifier_s, verifier_s + 0.002, 0.0, False, steps=m))
+        else:
+            verifier_s = fixed_s + per_row_s * (k + 1)
+            length.update(k, round(0.8 * k))
+            length.advise(advised)
+            length.observe(timing(k + 1, verifier_s, 0.002, 0.005 * k))
+    return sent
+
+
+def test_advised_0_auto_sends_chunks_and_never_drafts():
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+    length.advise(0)  # the prefill's answer: before the first round
+    sent = drive(length, 30, per_row_s=0.009, fixed_s=0.0, advised=0)
+    assert sent == [0] * 30
+    assert 8 <= length.chunk() <= 64  # a few tenths of a second of the verifier's
+
+
+def test_chunks_grow_to_a_bound_and_never_past_the_verifiers_limit():
+    length = LinkAwareLength(maximum=16, max_chunk=24)
+    length.advise(0)
+    chunks = []
+    for _ in range(6):
+        chunks.append(length.chunk())
+        drive(length, 1, per_row_s=0.005, fixed_s=0.0, advised=0)
+    assert chunks == sorted(chunks) and chunks[-1] == 24 and chunks[0] < 24
+
+
+def test_where_drafting_pays_auto_drafts_within_the_advice():
+    """A pass costs its fixed part, rows next to nothing (a GPU): drafts pay, as long as
+    the advice allows them."""
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=6)
+    assert 0 not in sent[2:] and max(sent[2:]) <= 6  # one chunk at most, to measure
+
+
+def test_where_the_verifier_cannot_chunk_auto_drafts_as_before():
+    length = LinkAwareLength(maximum=16, max_chunk=1)
+    length.advise(0)
+    assert 0 not in drive(length, 20, per_row_s=0.009, fixed_s=0.0, advised=0)
+
+
+def test_advice_that_allows_drafts_still_chunks_where_the_drafter_costs_more_and_probes():
+    """The advice is 1 (rows nearly as dear as tokens) and each draft token costs the
+    drafter 5 ms: chunks win, and a drafted round measures again after 4, then 8 chunks."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, start=1)
+    sent = drive(length, 40, per_row_s=0.009, fixed_s=0.001, advised=1)
+    drafted = [i for i, k in enumerate(sent) if k > 0]
+    assert sent.count(0) > 30
+    gaps = [b - a - 1 for a, b in itertools.pairwise(drafted)]
+    assert gaps[:2] == [4, 8]
