@@ -109,12 +109,14 @@ class LinkAwareLength:
     with the link added).
 
     k = 0, where the verifier can decode chunks of its own tokens (`max_chunk` > 1): a
-    round without a draft asks for `chunk()` tokens, which commit in link + chunk *
-    verifier(1). Chosen whenever the verifier advises 0 (`advise`: its rows cost as much
-    as the tokens they win, for this session and its load, server/verifier/advice.py),
-    and otherwise when the chunk's rate beats the best draft's. Drafting steps aside
-    only as far as the advice allows: while it is not 0, a drafted round is sent now and
-    then (after 4, 8, 16, ... chunks) to measure again what only drafting shows."""
+    round without a draft asks for `chunk()` tokens. Chosen from the start where the
+    verifier advises 0 (`advise`: its rows cost as much as the tokens they win, for this
+    session and its load, server/verifier/advice.py), and whenever the rate chunks gave
+    (measured whole: under load a chunk's steps share passes unevenly) beats the best
+    draft's expected rate; k never exceeds the advice (at least `minimum`). While
+    chunking, a drafted round is sent now and then (after 4, 8, 16, ... chunks) to
+    measure again what only drafting shows, the acceptance the verifier advises from
+    included."""
 
     maximum: int
     start: int = 4
@@ -143,7 +145,7 @@ class LinkAwareLength:
         return "auto"
 
     def next(self, ahead: bool = False) -> int:
-        if self.chunking and (self.advised == 0 or self._chunks_to_probe > 0):
+        if self.chunking and self._chunks_to_probe > 0:
             return 0
         return self.k_ahead if ahead else self.k
 
@@ -184,8 +186,10 @@ class LinkAwareLength:
         n, x, y, xx, xy = self._fit
         r, v = timing.rows, timing.verifier_s / timing.steps
         self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
-        link = max(0.0, timing.round_trip_s - timing.verifier_s)
-        self._link_s = link if self._link_s is None else d * self._link_s + (1 - d) * link
+        if timing.steps == 1:
+            # A chunk's round trip holds its steps' waits for passes too: not the link's.
+            link = max(0.0, timing.round_trip_s - timing.verifier_s)
+            self._link_s = link if self._link_s is None else d * self._link_s + (1 - d) * link
         if timing.rows > 1 and not timing.drafted_ahead:
             per_token = timing.draft_s / (timing.rows - 1)
             self._draft_s = (
@@ -195,17 +199,17 @@ class LinkAwareLength:
 
     def _choose(self) -> None:
         measured = self._fit[0] > 0  # before the first round: `start`, within the advice
-        if not measured and self.advised:
-            self.k = self.k_ahead = max(self.minimum, min(self.k, self.advised))
-        if measured:
-            ceiling = self.maximum if not self.advised else min(self.maximum, self.advised)
-            ceiling = max(ceiling, self.minimum)
+        ceiling = self.maximum if self.advised is None else min(self.maximum, self.advised)
+        ceiling = max(ceiling, self.minimum)
+        if not measured:
+            self.k = self.k_ahead = min(self.k, ceiling)
+        else:
             self.k, self.k_ahead = self._best(False, ceiling), self._best(True, ceiling)
         was = self.chunking
         if self.max_chunk <= 1:
             self.chunking = False
-        elif self.advised == 0:
-            self.chunking = True
+        elif self.advised == 0 and self._draft_s is None:
+            self.chunking = True  # nothing drafted yet to say otherwise
         elif not measured:
             self.chunking = False
         else:
