@@ -30,6 +30,9 @@ CHUNK_FIRST = 8  # before the verifier's time per token is known
 # PROBE_FIRST, doubling after each probe that keeps the chunks, up to PROBE_LAST.
 PROBE_FIRST = 4
 PROBE_LAST = 64
+# Where the verifier advises 0, the first probe waits longer: on an idle verifier a probe
+# costs a round, and it mostly confirms the advice; under load it can show otherwise.
+PROBE_FIRST_ADVISED_0 = 16
 
 
 @dataclass
@@ -218,7 +221,8 @@ class LinkAwareLength:
             )
             self.chunking = self.chunk_tokens_per_s() > drafting
         if self.chunking and not was:
-            self._probe_every = self._chunks_to_probe = PROBE_FIRST
+            first = PROBE_FIRST_ADVISED_0 if self.advised == 0 else PROBE_FIRST
+            self._probe_every = self._chunks_to_probe = first
             self._chunk_s = CHUNK_S_FIRST
 
     @property

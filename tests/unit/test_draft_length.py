@@ -154,12 +154,12 @@ def drive(length: LinkAwareLength, rounds: int, per_row_s: float, fixed_s: float
     return sent
 
 
-def test_advised_0_auto_sends_chunks_from_the_first_round_and_drafts_only_to_probe():
+def test_advised_0_auto_sends_chunks_from_the_first_round_and_drafts_only_to_probe_late():
     length = LinkAwareLength(maximum=16, max_chunk=64)
     length.advise(0)  # the prefill's answer: before the first round
-    sent = drive(length, 30, per_row_s=0.009, fixed_s=0.0, advised=0)
-    assert sent[:4] == [0] * 4
-    assert [k for k in sent if k] == [1, 1]  # after 4 chunks, then 8; the shortest draft
+    sent = drive(length, 60, per_row_s=0.009, fixed_s=0.0, advised=0)
+    assert sent[:16] == [0] * 16
+    assert [k for k in sent if k] == [1, 1]  # after 16 chunks, then 32; the shortest draft
     assert 8 <= length.chunk() <= 64  # a few tenths of a second of the verifier's
 
 
