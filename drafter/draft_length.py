@@ -152,6 +152,10 @@ class LinkAwareLength:
             return 0
         return self.k_ahead if ahead else self.k
 
+    def drafts_soon(self) -> bool:
+        """Whether the round after this chunk is a drafted one (a probe)."""
+        return self.chunking and self._chunks_to_probe <= 1
+
     def chunk(self) -> int:
         """Tokens a round without a draft asks for: enough that the link's time is a
         small part of the round, few enough that a stream stays fluid."""

@@ -286,10 +286,10 @@ class SpeculativeLoop:
         in_flight: Future = sender.submit(self._timed_verify, request)
         k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
-        # A chunk's answer is many tokens: nothing to draft ahead for. The drafter catches
-        # up meanwhile with what earlier chunks brought, for the next drafted round.
+        # A chunk's answer is many tokens: nothing to draft ahead for. Before a drafted
+        # round, the drafter catches up meanwhile with what earlier chunks brought.
         ahead = self.speculation is not None and chunk == 1
-        if chunk > 1:
+        if chunk > 1 and getattr(self.draft_length, "drafts_soon", bool)():
             self.warming.catch_up(self.drafter, committed)
         if ahead and 0 < k < room:
             self.warming.wait()

@@ -31,9 +31,11 @@ class Warming:
                 future.result()
 
     def catch_up(self, drafter: object, committed: Sequence[int]) -> None:
-        """The drafter evaluates the committed tokens its cache lacks (after the warming),
-        so that the next draft starts at once; a drafter without a cache has nothing to do."""
+        """The drafter evaluates the committed tokens its cache lacks, so that the next
+        draft starts at once; not while the warming still runs (the round must not wait
+        for it), nor for a drafter without a cache."""
         catch_up = getattr(drafter, "catch_up", None)
-        if catch_up is not None:
-            self.wait()
-            catch_up(committed)
+        if catch_up is None or (self._future is not None and not self._future.done()):
+            return
+        self.wait()
+        catch_up(committed)

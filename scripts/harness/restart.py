@@ -56,6 +56,7 @@ class Restarter:
         self.url = self.verifier.url
         self.killed_at = self.ready_at = float("nan")
         self._watcher: threading.Thread | None = None
+        self._done = threading.Event()
 
     def _start(self) -> LocalVerifier:
         verifier = LocalVerifier(self.env, port=self.port)
@@ -73,9 +74,17 @@ class Restarter:
 
     def arm(self) -> None:
         before = self._rounds()
+        self._done = threading.Event()
 
         def watch() -> None:
-            while self._rounds() < before + self.after_rounds:
+            while True:  # until the rounds are in, or the client finished first
+                if self._done.is_set():
+                    return
+                try:
+                    if self._rounds() >= before + self.after_rounds:
+                        break
+                except httpx.HTTPError:
+                    pass
                 time.sleep(0.01)
             self.verifier.process.send_signal(signal.SIGKILL)
             self.verifier.process.wait()
@@ -89,6 +98,7 @@ class Restarter:
 
     def disarm(self) -> None:
         """Waits for the restart (if one began) to be over."""
+        self._done.set()
         if self._watcher is not None:
             self._watcher.join()
             self._watcher = None

@@ -83,9 +83,10 @@ class PassCost:
     """seconds = fixed + per_row * rows, fitted to recent passes of rounds and to `seed`,
     the startup probe's timings of a session's round alone ((rows, seconds) pairs, each
     weighing as SEED_WEIGHT passes, for good): they settle the line while the passes run
-    have one size only (chunks: one row each). With neither, `prior_fixed_rows`."""
+    have one size only (chunks: one row each). With neither, `prior_fixed_rows` (None:
+    unknown, and no advice)."""
 
-    def __init__(self, prior_fixed_rows: float, seed: Sequence[tuple[int, float]] = ()):
+    def __init__(self, prior_fixed_rows: float | None, seed: Sequence[tuple[int, float]] = ()):
         self.prior_fixed_rows = prior_fixed_rows
         self._seed = [0.0] * 5
         for rows, seconds in seed:
@@ -109,8 +110,8 @@ class PassCost:
         return max(fixed, 0.0), per_row
 
     @property
-    def fixed_rows(self) -> float:
-        """The fixed part of a pass, in rows."""
+    def fixed_rows(self) -> float | None:
+        """The fixed part of a pass, in rows; None while nothing tells."""
         line = self.line()
         if line is None:
             return self.prior_fixed_rows
@@ -119,8 +120,13 @@ class PassCost:
             return MAX_FIXED_ROWS
         return min(fixed / per_row, MAX_FIXED_ROWS)
 
-    def advise(self, acceptance: Acceptance, max_draft: int) -> int:
-        return advised_draft(acceptance.rate, self.fixed_rows, self.sharing, max_draft)
+    def advise(self, acceptance: Acceptance, max_draft: int) -> int | None:
+        """The advised draft length; None while what a pass costs is unknown (no probe
+        timings and passes of one size only)."""
+        fixed_rows = self.fixed_rows
+        if fixed_rows is None:
+            return None
+        return advised_draft(acceptance.rate, fixed_rows, self.sharing, max_draft)
 
 
 def _added(sums: list[float], rows: int, seconds: float, weight: float) -> list[float]:

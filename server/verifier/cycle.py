@@ -210,7 +210,7 @@ class CycleStep:
         prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
         ran = self.engine.run([j.work for j in rounds], [j.work for j in prompts])
         out.passes += ran.passes
-        out.fixed_rows = self.engine.pass_cost.fixed_rows
+        out.fixed_rows = self.engine.pass_cost.fixed_rows or 0.0
         if rounds:
             out.rounds_decoded = len(rounds)
         for job, result in zip(rounds + prompts, ran.results, strict=True):

@@ -111,8 +111,11 @@ class Engine:
         self.prompt_chunk = report.prompt_chunk
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
-        free_rows = MAX_FIXED_ROWS if self.shapes.pinned_width else self.shapes.pass_cost_rows
-        self.pass_cost = PassCost(free_rows, report.alone_s)
+        # Unpinned and untimed (shapes that were not exact), nothing is known yet.
+        prior = MAX_FIXED_ROWS if self.shapes.pinned_width else None
+        if report.alone_s and not self.shapes.pinned_width:
+            prior = self.shapes.pass_cost_rows
+        self.pass_cost = PassCost(prior, report.alone_s)
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -270,7 +273,7 @@ class Engine:
             advise=self._advise,
         )
 
-    def _advise(self, acceptance: Acceptance) -> int:
+    def _advise(self, acceptance: Acceptance) -> int | None:
         return self.pass_cost.advise(acceptance, self.max_draft)
 
     def _advance_prefill(self, work: PrefillWork, n_tokens: int) -> Opened | None:

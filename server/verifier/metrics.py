@@ -295,6 +295,10 @@ class RequestMetricsMiddleware:
         metrics.requests_in_progress.inc()
         try:
             await self.app(scope, watch.receive, send_and_record)
+        except Exception:
+            if status == HUNG_UP:
+                status = 500  # the app's handler for the unexpected answers it
+            raise
         finally:
             watch.close()
             metrics.requests_in_progress.dec()

@@ -27,7 +27,7 @@ def finish_round(
     remove: Callable[[int, int], None],
     is_eog: Callable[[int], bool],
     lossless: bool,
-    advise: Callable[[Acceptance], int] | None = None,
+    advise: Callable[[Acceptance], int | None] | None = None,
 ) -> VerifyResponse:
     """The round's answer, the session advanced by it. Everything that can fail comes
     before the session changes; the random stream is put back if it does, so a round

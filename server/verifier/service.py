@@ -52,6 +52,7 @@ class VerifierService:
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
+        self._chunks: dict[tuple, asyncio.Future[VerifyResponse]] = {}  # running ones
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
@@ -106,10 +107,30 @@ class VerifierService:
         """A round (`routing`: its X-Session-Id headers, which must name its session).
         A round without a draft may ask for a chunk of the verifier's own tokens."""
         session_id_named(routing_header(list(routing)), request.session_id)
-        first = await self.scheduler.verify(request, owner)
-        if (request.chunk_tokens or 1) == 1 or len(first.tokens) != 1 or first.eos:
-            return first  # one token asked, a replay of a whole chunk, or the end
-        return await self._chunk(request, owner, first)
+        if (request.chunk_tokens or 1) == 1:
+            return await self.scheduler.verify(request, owner)
+        # A chunk is several rounds: the same request sent again meanwhile (a retry of
+        # an answer lost on the way) waits for the chunk's answer rather than race it.
+        chunk_key = (owner, request.session_id, round_key(request))
+        running = self._chunks.get(chunk_key)
+        if running is not None:
+            return await asyncio.shield(running)
+        answer: asyncio.Future[VerifyResponse] = asyncio.get_running_loop().create_future()
+        self._chunks[chunk_key] = answer
+        try:
+            first = await self.scheduler.verify(request, owner)
+            if len(first.tokens) != 1 or first.eos:
+                result = first  # a replay of a whole chunk, or the end
+            else:
+                result = await self._chunk(request, owner, first)
+            answer.set_result(result)
+            return result
+        except BaseException as exc:
+            answer.set_exception(exc)
+            answer.exception()  # retrieved: whoever waits on it gets it, nobody else must
+            raise
+        finally:
+            del self._chunks[chunk_key]
 
     async def _chunk(
         self, request: VerifyRequest, owner: str, first: VerifyResponse

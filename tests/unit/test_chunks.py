@@ -4,6 +4,8 @@ advice every answer carries (fake runtime, passes driven by hand)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from pydantic import ValidationError
 
@@ -100,3 +102,30 @@ def test_every_answer_carries_an_advised_draft_length_within_the_limit():
     session_id = run(scenario())
     # Its drafts counted: the prior (0.75) moved.
     assert engine.session(session_id).acceptance.rate != pytest.approx(0.75)
+
+
+def test_a_chunk_sent_again_while_it_runs_gets_the_same_answer():
+    """A retry of a chunk whose answer was lost on the way, arriving while the chunk's
+    rounds still run: it waits for the chunk's answer, and nothing is committed twice."""
+    runtime, engine, scheduler = build()
+    service = VerifierService(scheduler)
+
+    async def scenario():
+        session = await open_session(scheduler, "retried while running")
+        request = chunk_request(session, 6)
+        running = asyncio.ensure_future(service.verify(request, "anonymous"))
+        while len(engine.session(session["id"]).tokens) < session["n_past"] + 2:
+            for _ in range(5):  # answers cross to their tasks in a few loop steps
+                await asyncio.sleep(0)
+            scheduler.run_step()
+        assert not running.done()  # two of its rounds in: mid-chunk
+        first, retry = await drive(scheduler, running, service.verify(request, "anonymous"))
+        assert retry == first
+        assert first.tokens == runtime.reference_greedy(session["ids"], 6)
+        assert len(engine.session(session["id"]).tokens) == first.total_tokens
+
+    try:
+        run(scenario())
+    finally:
+        service.close()
+    assert_consistent(runtime, engine)
