@@ -50,11 +50,13 @@ def own_vocab_cache(tmp_path_factory, monkeypatch):
 
 
 def run_cli(url: str, model: str, *args: str) -> dict:
+    """The CLI with a fixed k (unless `args` give one): these tests are about translated
+    drafts, and `auto` chooses by measured times whether to draft at all."""
     result = runner.invoke(
         app,
         [
             "--server", url, "--model", model, "--max-tokens", str(NEW_TOKENS),
-            "--output", "json", "--threads", str(TEST_THREADS), *args,
+            "--output", "json", "--threads", str(TEST_THREADS), "--draft-n", "4", *args,
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
