@@ -14,13 +14,16 @@ begun round, shaped into as few passes as the engine can make, or one chunk of o
 prompt, the prompts taking turns by API key (`PromptTurns`). When rounds and prompts
 both wait, steps alternate between them, so a round waits at most about one prompt
 chunk, however long the prompts in the queue. (With pinned shapes every pass spans every
-sequence anyway: rounds and a chunk of each prompt share it.) If anything fails in a way
+sequence anyway: rounds and a chunk of each prompt share it.) A round that asks for a
+chunk of the verifier's own tokens stays queued, one single-token round in each step of
+rounds, until it has them (chunks.py); it is answered once. If anything fails in a way
 the engine could not pin on one job, every job of the step not yet answered is undone
-and failed: sending it again is safe.
+and failed (a chunk with steps done is answered with them): sending it again is safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -29,10 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
+from server.verifier.checks import round_key
+from server.verifier.chunks import ChunkSteps
 from server.verifier.decoder import PassRecord
 from server.verifier.engine import Engine
-from server.verifier.errors import APIError, EngineInterrupted, InternalError
+from server.verifier.errors import APIError, EngineInterrupted, InternalError, SessionNotFound
 from server.verifier.jobs import Opened, PrefillWork, VerifyWork, Work
+from server.verifier.rounds import record_answer
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +54,13 @@ class Job:
     request: PrefillRequest | VerifyRequest | None = None
     call: Callable[[], Any] | None = None  # engine work that needs no decode
     round_key: tuple | None = None  # a verify job's, computed once
-    work: Work | None = None  # once begun
+    work: Work | None = None  # once begun (a chunk: its step now)
+    chunk: ChunkSteps | None = None  # a round asking for several tokens: its steps so far
     queued_at: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.request, VerifyRequest) and (self.request.chunk_tokens or 1) > 1:
+            self.chunk = ChunkSteps(self.request)
 
     @property
     def session_key(self) -> SessionKey | None:
@@ -133,17 +144,25 @@ class CycleStep:
             error = EngineInterrupted(f"the engine's pass failed ({exc}); retry")
             for job in queued:
                 if id(job) not in answered:
-                    self.undo(job)
-                    out.answer(job, error)
+                    out.answer(job, self.fail(job, error))
         return out
 
-    def undo(self, job: Job) -> None:
-        """Undo a begun job that will not be answered by a cycle."""
+    def fail(self, job: Job, error: Exception) -> Any:
+        """Undo a job that will not be finished; what to answer it: `error`, or for a
+        chunk with steps committed, those steps (the next round learns what went wrong)."""
         if job.work is not None:
             try:
                 self.engine.abandon(job.work)
             except Exception:
                 log.exception("could not undo a job")
+        return self._chunk_answer(job) if job.chunk is not None and job.chunk.steps else error
+
+    def _chunk_answer(self, job: Job) -> VerifyResponse:
+        """A chunk's answer, recorded for a replay of the client's request."""
+        answer = job.chunk.answer()
+        with contextlib.suppress(SessionNotFound):  # ended meanwhile: nothing to replay
+            record_answer(self.engine.session(job.session_id, job.owner), job.round_key, answer)
+        return answer
 
     def _begin_all(
         self, jobs: Sequence[Job], out: Step, begin_rounds: bool
@@ -190,7 +209,11 @@ class CycleStep:
                 out.evicted += job.work.reservation.evicted
                 out.moved += job.work.reservation.moved
                 return True
-            work = self.engine.begin_verify(job.request, job.owner, job.round_key)
+            request, key = job.request, job.round_key
+            if job.chunk is not None and job.chunk.steps:
+                request = job.chunk.next_request()
+                key = round_key(request)
+            work = self.engine.begin_verify(request, job.owner, key)
             if isinstance(work, VerifyResponse):  # a replay: answered from its record
                 out.replayed += 1
                 out.answer(job, work)
@@ -198,9 +221,9 @@ class CycleStep:
             job.work = work
             return True
         except Exception as exc:
-            self.undo(job)  # begun, then something failed: its sequence goes back
+            # Begun, then something failed: its sequence goes back.
+            out.answer(job, self.fail(job, exc))
             job.work = None
-            out.answer(job, exc)
             return False
 
     def _decode(self, jobs: list[Job], out: Step) -> None:
@@ -217,10 +240,18 @@ class CycleStep:
             if result is None:
                 continue  # a prompt with chunks still to go
             if isinstance(result, VerifyResponse):
-                out.answered_rounds.append((job.owner, job.session_id))
                 out.rounds.append((len(job.work.draft_tokens), result.accepted_prefix_len))
                 if result.advised_draft is not None:
                     out.advised.append(result.advised_draft)
+                if job.chunk is not None:
+                    job.chunk.steps.append(result)
+                    if not job.chunk.done(self.engine.n_ctx):
+                        job.work = None  # stays queued: its next step is in the next pass
+                        continue
+                    result = self._chunk_answer(job)
+                out.answered_rounds.append((job.owner, job.session_id))
+            elif isinstance(result, APIError) and job.chunk is not None and job.chunk.steps:
+                result = self._chunk_answer(job)  # the steps before this one stand
             elif isinstance(result, Opened):
                 reused = result.reservation.reused
                 out.prompt_tokens_reused += reused

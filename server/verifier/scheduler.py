@@ -154,8 +154,7 @@ class BatchScheduler:
                 log.error("the engine thread did not finish its work in %.0f s", timeout_s)
         with self._engine_lock:  # waits out a decode still running
             for job in self._queued():
-                self.cycle.undo(job)
-                self._answer(job, ServerFull("the verifier is shutting down"))
+                self._answer(job, self.cycle.fail(job, ServerFull("the verifier is shutting down")))
 
     def close(self) -> None:
         """Stop, then free the engine: never while a decode is using it."""

@@ -8,7 +8,6 @@ behind the session's earlier work.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -23,15 +22,13 @@ from server.shared.protocol import (
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
-    RoundTimings,
     VerifyRequest,
     VerifyResponse,
 )
-from server.verifier.checks import round_key, routing_header, session_id_named
+from server.verifier.checks import routing_header, session_id_named
 from server.verifier.engine import Engine, engine_info
-from server.verifier.errors import APIError, PromptTooLong, ServerFull, SessionNotFound
+from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
-from server.verifier.rounds import record_answer
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
 
@@ -52,7 +49,6 @@ class VerifierService:
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
-        self._chunks: dict[tuple, asyncio.Future[VerifyResponse]] = {}  # running ones
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
@@ -107,69 +103,7 @@ class VerifierService:
         """A round (`routing`: its X-Session-Id headers, which must name its session).
         A round without a draft may ask for a chunk of the verifier's own tokens."""
         session_id_named(routing_header(list(routing)), request.session_id)
-        if (request.chunk_tokens or 1) == 1:
-            return await self.scheduler.verify(request, owner)
-        # A chunk is several rounds: the same request sent again meanwhile (a retry of
-        # an answer lost on the way) waits for the chunk's answer rather than race it.
-        chunk_key = (owner, request.session_id, round_key(request))
-        running = self._chunks.get(chunk_key)
-        if running is not None:
-            return await asyncio.shield(running)
-        answer: asyncio.Future[VerifyResponse] = asyncio.get_running_loop().create_future()
-        self._chunks[chunk_key] = answer
-        try:
-            first = await self.scheduler.verify(request, owner)
-            if len(first.tokens) != 1 or first.eos:
-                result = first  # a replay of a whole chunk, or the end
-            else:
-                result = await self._chunk(request, owner, first)
-            answer.set_result(result)
-            return result
-        except BaseException as exc:
-            answer.set_exception(exc)
-            answer.exception()  # retrieved: whoever waits on it gets it, nobody else must
-            raise
-        finally:
-            del self._chunks[chunk_key]
-
-    async def _chunk(
-        self, request: VerifyRequest, owner: str, first: VerifyResponse
-    ) -> VerifyResponse:
-        """The rest of a chunk, one round without a draft at a time (each batched with
-        whatever other sessions' rounds are waiting, as /generate's steps are), answered
-        together and recorded as the request's answer, so that a replay of it gets the
-        same answer. A step that fails ends the chunk with what the steps before it
-        committed (the next round learns why)."""
-        steps = [first]
-        last = first
-        count = request.chunk_tokens or 1
-        while len(steps) < count and not last.eos and last.total_tokens <= self.engine.n_ctx:
-            step = VerifyRequest(session_id=request.session_id, n_past=last.total_tokens)
-            try:
-                last = await self.scheduler.verify(step, owner, admitted=True)
-            except APIError:
-                break
-            steps.append(last)
-        answer = last.model_copy(
-            update={
-                "accepted_prefix_len": 0,
-                "tokens": [t for step in steps for t in step.tokens],
-                "preds": [t for step in steps for t in step.preds],
-                "timings": RoundTimings(
-                    decode_ms=round(sum(s.timings.decode_ms for s in steps), 3),
-                    engine_ms=round(sum(s.timings.engine_ms for s in steps), 3),
-                    decoded_tokens=sum(s.timings.decoded_tokens for s in steps),
-                ),
-            }
-        )
-        key = round_key(request)
-
-        def record() -> None:
-            with contextlib.suppress(SessionNotFound):  # ended meanwhile: nothing to replay
-                record_answer(self.engine.session(request.session_id, owner), key, answer)
-
-        await self.scheduler.call(record, request.session_id, owner, finishing=True)
-        return answer
+        return await self.scheduler.verify(request, owner)
 
     async def delete(self, session_id: str, owner: str) -> None:
         sessions = self.engine.sessions

@@ -165,3 +165,76 @@ def test_a_prompts_turn_begins_no_round_so_none_is_left_begun_if_its_request_goe
     ((job, answer),) = cycle.step([retry]).answers
     assert job is retry and isinstance(answer, VerifyResponse)
     check_engine(cycle.engine)
+
+
+def chunk_job(opened: Opened, n: int, owner: str = "a") -> Job:
+    request = VerifyRequest(
+        session_id=opened.response.session_id,
+        n_past=len(opened.session.tokens),
+        chunk_tokens=n,
+    )
+    return Job(owner, request.session_id, request=request, round_key=round_key(request))
+
+
+def test_a_chunk_stays_queued_with_a_row_in_every_pass_until_it_has_its_tokens():
+    """Continuous batching: the chunk's next token is in each pass of rounds, beside the
+    other sessions' drafted rounds, and one answer carries them all."""
+    runtime, cycle = build()
+    chunked, drafted = open_session(cycle, "a chunk"), open_session(cycle, "drafts", owner="b")
+    expected = runtime.reference_greedy(chunked.response.prompt_ids, 4)
+    job = chunk_job(chunked, 4)
+    for _ in range(3):
+        step = cycle.step([job, round_job(drafted, [1, 2], owner="b")])
+        assert job not in dict(step.answers) and step.rounds_decoded == 2
+        assert step.answered_rounds == [("b", drafted.response.session_id)]
+    step = cycle.step([job])
+    ((answered, answer),) = step.answers
+    assert answered is job and answer.tokens == expected and answer.preds == expected
+    assert answer.accepted_prefix_len == 0 and answer.timings.decoded_tokens == 4
+    assert answer.total_tokens == len(chunked.session.tokens)
+    assert step.answered_rounds == [("a", chunked.response.session_id)]
+    # Recorded: the same request again is a replay, not more tokens.
+    again = chunk_job_like(job)
+    assert cycle.step([again]).answers == [(again, answer)]
+    check_engine(cycle.engine)
+
+
+def chunk_job_like(job: Job) -> Job:
+    return Job(job.owner, job.session_id, request=job.request, round_key=job.round_key)
+
+
+def test_a_chunk_whose_step_fails_is_answered_with_the_steps_before_it(monkeypatch):
+    runtime, cycle = build()
+    opened = open_session(cycle, "steps then a failure")
+    expected = runtime.reference_greedy(opened.response.prompt_ids, 2)
+    job = chunk_job(opened, 6)
+    cycle.step([job])
+    cycle.step([job])
+
+    def broken(*args):
+        raise RuntimeError("the pass broke")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cycle.engine, "run", broken)
+        ((answered, answer),) = cycle.step([job]).answers
+    assert answered is job and isinstance(answer, VerifyResponse)
+    assert answer.tokens == expected and answer.total_tokens == len(opened.session.tokens)
+    assert opened.session.work is None
+    again = chunk_job_like(job)
+    assert cycle.step([again]).answers == [(again, answer)]  # a retry gets the same
+    check_engine(cycle.engine)
+
+
+def test_a_chunk_failing_at_its_first_step_is_answered_with_the_error(monkeypatch):
+    _runtime, cycle = build()
+    opened = open_session(cycle, "a failure first")
+    before = list(opened.session.tokens)
+
+    def broken(*args):
+        raise RuntimeError("the pass broke")
+
+    monkeypatch.setattr(cycle.engine, "run", broken)
+    job = chunk_job(opened, 6)
+    ((_, error),) = cycle.step([job]).answers
+    assert isinstance(error, EngineInterrupted) and opened.session.tokens == before
+    check_engine(cycle.engine)

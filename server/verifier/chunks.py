@@ -1,0 +1,55 @@
+"""A chunk: a round without a draft that asks for several of the verifier's own tokens
+(`chunk_tokens`). The engine's cycle keeps it queued and gives it one row in every pass
+of rounds until it has its tokens, as continuous batching does for plain decoding, then
+answers once with all of them: one token per pass, each from the same single-token round
+a drafted session's pending token gets, so the tokens are the verifier's own.
+
+Pure bookkeeping: what the next step asks, when the chunk is done, the one answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from server.shared.protocol import RoundTimings, VerifyRequest, VerifyResponse
+
+
+@dataclass
+class ChunkSteps:
+    request: VerifyRequest  # the client's: its key is the one a replay of the chunk has
+    steps: list[VerifyResponse] = field(default_factory=list)
+
+    @property
+    def wanted(self) -> int:
+        return self.request.chunk_tokens or 1
+
+    def next_request(self) -> VerifyRequest:
+        """The next single-token round: the client's own first, then one from where the
+        last step left the session."""
+        if not self.steps:
+            return self.request
+        return VerifyRequest(session_id=self.request.session_id, n_past=self.steps[-1].total_tokens)
+
+    def done(self, n_ctx: int) -> bool:
+        if not self.steps:
+            return False
+        last = self.steps[-1]
+        return len(self.steps) >= self.wanted or last.eos or last.total_tokens > n_ctx
+
+    def answer(self) -> VerifyResponse:
+        """The steps so far as one round's answer."""
+        steps = self.steps
+        if len(steps) == 1:
+            return steps[0]
+        return steps[-1].model_copy(
+            update={
+                "accepted_prefix_len": 0,
+                "tokens": [t for step in steps for t in step.tokens],
+                "preds": [t for step in steps for t in step.preds],
+                "timings": RoundTimings(
+                    decode_ms=round(sum(s.timings.decode_ms for s in steps), 3),
+                    engine_ms=round(sum(s.timings.engine_ms for s in steps), 3),
+                    decoded_tokens=sum(s.timings.decoded_tokens for s in steps),
+                ),
+            }
+        )
