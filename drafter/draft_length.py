@@ -35,6 +35,34 @@ PROBE_LAST = 64
 PROBE_FIRST_ADVISED_0 = 16
 
 
+# Drafted rounds measured before their rate is weighed against chunks': one round's
+# tokens vary from one to k + 1.
+MIN_DRAFTED_ROUNDS = 4
+
+
+@dataclass
+class MeasuredRate:
+    """Tokens a second over recent rounds: their tokens over their time, each summed with
+    geometric weights (a sum's ratio: one slow round of many tokens weighs as it should);
+    None until `min_rounds` rounds are in."""
+
+    min_rounds: int
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: int = 0
+
+    def add(self, tokens: int, seconds: float, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.rounds += 1
+
+    @property
+    def rate(self) -> float | None:
+        if self.rounds < self.min_rounds or self.seconds <= 0:
+            return None
+        return self.tokens / self.seconds
+
+
 @dataclass
 class FixedLength:
     k: int
@@ -94,6 +122,7 @@ class RoundTiming:
     draft_s: float  # drafting done before it could be sent (the critical path)
     drafted_ahead: bool  # its draft was ready when the previous answer came
     steps: int = 1  # a round without a draft: the tokens (one pass each) it asked for
+    tokens: int = 1  # the tokens it committed
 
 
 @dataclass
@@ -138,7 +167,10 @@ class LinkAwareLength:
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
     _chunk_s: float = CHUNK_S_FIRST
-    _chunk_rate: float | None = None  # tokens a second that rounds without a draft gave
+    # Tokens a second that rounds without a draft gave, and drafted rounds (drafting
+    # included), each measured whole.
+    _chunk_rate: MeasuredRate = field(default_factory=lambda: MeasuredRate(min_rounds=1))
+    _draft_rate: MeasuredRate = field(default_factory=lambda: MeasuredRate(MIN_DRAFTED_ROUNDS))
 
     def __post_init__(self) -> None:
         self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
@@ -183,13 +215,13 @@ class LinkAwareLength:
 
     def observe(self, timing: RoundTiming) -> None:
         d = self.decay
+        # Both kinds of round measured whole, as the user waits for them: under load what
+        # a round waits for passes is the other sessions' doing, which no model of this
+        # session's rows shows.
         if timing.rows == 1 and timing.round_trip_s > 0:
-            # Measured whole: under load a chunk's steps can miss passes, which the
-            # verifier's own times do not show.
-            rate = timing.steps / timing.round_trip_s
-            self._chunk_rate = (
-                rate if self._chunk_rate is None else d * self._chunk_rate + (1 - d) * rate
-            )
+            self._chunk_rate.add(timing.steps, timing.round_trip_s, d)
+        elif timing.rows > 1 and timing.round_trip_s > 0:
+            self._draft_rate.add(timing.tokens, timing.round_trip_s + timing.draft_s, d)
         n, x, y, xx, xy = self._fit
         r, v = timing.rows, timing.verifier_s / timing.steps
         self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
@@ -215,11 +247,17 @@ class LinkAwareLength:
         was = self.chunking
         if self.max_chunk <= 1:
             self.chunking = False
-        elif self.advised == 0 and self._draft_s is None:
-            self.chunking = True  # nothing drafted yet to say otherwise
+        elif self.advised == 0:
+            # The verifier's own tokens come faster than drafted ones would, before this
+            # drafter's time and the link's: drafting cannot pay.
+            self.chunking = True
+        elif self.advised is not None:
+            # A draft pays the verifier: whether it pays this user too is measured.
+            drafted = self._draft_rate.rate
+            self.chunking = drafted is not None and self.chunk_tokens_per_s() > drafted
         elif not measured:
             self.chunking = False
-        else:
+        else:  # a verifier that gives no advice: this session's own model of its rounds
             drafting = max(
                 self.expected_tokens_per_s(self.k), self.expected_tokens_per_s(self.k_ahead, True)
             )
@@ -252,8 +290,8 @@ class LinkAwareLength:
         return tokens / seconds if seconds > 0 else 0.0
 
     def chunk_tokens_per_s(self) -> float:
-        if self._chunk_rate is not None:
-            return self._chunk_rate
+        if self._chunk_rate.rate is not None:
+            return self._chunk_rate.rate
         m = self.chunk()
         seconds = (self._link_s or 0.0) + m * self.verifier_s(1)
         return m / seconds if seconds > 0 else 0.0

@@ -218,6 +218,7 @@ class SpeculativeLoop:
                 draft_s=draft_s,
                 drafted_ahead=draft.reused == len(draft.tokens) > 0,
                 steps=1 if draft.tokens else max(1, len(verdict.tokens)),
+                tokens=len(verdict.tokens),
             )
             yield self._commit(committed, draft, verdict, timing)
             if verdict.eos:

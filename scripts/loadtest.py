@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from drafter.client import VerifierClient
 from scripts.harness.cli import HelpFormatter, first_paragraph
-from scripts.harness.load import PROMPTS, LevelResult, run_drafters
+from scripts.harness.load import MISSES, PROMPTS, LevelResult, run_drafters
 from scripts.harness.local import LocalVerifier
 from scripts.harness.replicas import LocalReplicas
 from server.shared.protocol import PrefillRequest
@@ -100,7 +100,13 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
     own_cores = os.sched_getaffinity(0)
     where = f"verifier on core {cores[1]}, drafters on core {cores[0]}" if cores else "unpinned"
     print(
-        f"{args.drafter} drafters, {args.rounds} rounds each, {args.threads} thread(s) per "
+        f"{args.drafter} drafters"
+        + (
+            f" ({args.misses} misses, {args.draft_token_ms:g} ms a draft token)"
+            if args.drafter == "replay"
+            else ""
+        )
+        + f", {args.rounds} rounds each, {args.threads} thread(s) per "
         f"model, {where}, {os.cpu_count()} cores"
     )
     print(
@@ -135,6 +141,7 @@ def level_runs(args: argparse.Namespace, levels: list[int], ks: list[object]) ->
                                 drafter=args.drafter,
                                 threads=args.threads,
                                 draft_token_s=args.draft_token_ms / 1000.0,
+                                misses=args.misses,
                             )
                             print_row(label, k, row)
                             rates.setdefault((label, k, n), []).append(row.tokens_per_s)
@@ -293,6 +300,13 @@ def main() -> None:
         default=0.0,
         help="What a replayed drafter spends on each draft token, in ms (asleep, as a "
         "drafter on a machine of its own: a Metal Q4_K_M drafter's few ms); 0: nothing.",
+    )
+    parser.add_argument(
+        "--misses",
+        choices=MISSES,
+        default="periodic",
+        help="Which replayed draft tokens are wrong, one in 4: every fourth (a round of 3 "
+        "drafts is taken whole), or drawn at random once (a real drafter's rounds).",
     )
     parser.add_argument(
         "--threads",

@@ -5,14 +5,18 @@ HTTP client on a thread of its own.
 Two kinds of drafter. `model`: the draft model, one context with a sequence per drafter
 (as `serve --parallel` has); on one machine the drafters then compete with the verifier
 for its cores. `replay`: drafts replayed from the verifier's own continuation of each
-prompt (fetched with /generate before the clock starts), with every `REPLAY_MISS`-th
-token wrong so that rounds are cut as a real drafter's are; it costs nothing to draft,
-so it stands for many drafters on machines of their own and measures the verifier.
+prompt (fetched with /generate before the clock starts), with one token in `REPLAY_MISS`
+wrong so that rounds are cut as a real drafter's are: every fourth (`periodic`: a round
+of 3 drafts that starts after a wrong one is always taken whole), or each with
+probability 1/4 at positions drawn once (`random`: the acceptance a real drafter's rounds
+see, the same for every k); it costs nothing to draft unless given a time per token, so
+it stands for many drafters on machines of their own and measures the verifier.
 Either way every drafter's output is checked against the verifier alone.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import threading
 import time
@@ -38,7 +42,8 @@ PROMPTS = [
     "In 1969, the first humans",
     "Once upon a time, in a village",
 ]
-REPLAY_MISS = 4  # every 4th replayed token is wrong: a round accepts 3 at most
+REPLAY_MISS = 4  # one replayed token in 4 is wrong
+MISSES = ("periodic", "random")
 
 
 class TimedClient(VerifierClient):
@@ -56,16 +61,29 @@ class TimedClient(VerifierClient):
 
 
 class ReplayDrafter:
-    """Drafts the verifier's own continuation, one token in REPLAY_MISS made wrong,
-    spending `token_s` a draft token (asleep: a drafter on a machine of its own)."""
+    """Drafts the verifier's own continuation, one token in REPLAY_MISS made wrong
+    (`misses`: which), spending `token_s` a draft token (asleep: a drafter on a machine of
+    its own)."""
 
     def __init__(
-        self, prompt_len: int, continuation: Sequence[int], n_vocab: int, token_s: float = 0.0
+        self,
+        prompt_len: int,
+        continuation: Sequence[int],
+        n_vocab: int,
+        token_s: float = 0.0,
+        misses: str = "periodic",
     ):
         self.prompt_len = prompt_len
         self.continuation = list(continuation)
         self.n_vocab = n_vocab
         self.token_s = token_s
+        drawn = random.Random(prompt_len)  # the same positions for every k and every run
+        self.wrong = [
+            i % REPLAY_MISS == REPLAY_MISS - 1
+            if misses == "periodic"
+            else drawn.random() < 1 / REPLAY_MISS
+            for i in range(len(self.continuation))
+        ]
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
@@ -73,7 +91,7 @@ class ReplayDrafter:
         at = len(committed) - self.prompt_len
         draft = self.continuation[at : at + k]
         for i in range(len(draft)):
-            if (at + i) % REPLAY_MISS == REPLAY_MISS - 1:
+            if self.wrong[at + i]:
                 draft[i] = (draft[i] + 1) % self.n_vocab
         if self.token_s and draft:
             time.sleep(self.token_s * len(draft))
@@ -143,12 +161,13 @@ def run_drafters(
     n_vocab: int = 0,
     during: Callable[[], None] | None = None,
     draft_token_s: float = 0.0,
+    misses: str = "periodic",
 ) -> LevelResult:
     """One drafter per prompt, all started at once, `rounds` rounds each (or to the end of
     the reference); `during` runs on a thread of its own while they do."""
     n = len(prompts)
     k = draft_n if isinstance(draft_n, int) else 16
-    # A replayed round commits at most REPLAY_MISS tokens: that far is all it can need.
+    # A replayed round commits REPLAY_MISS tokens or so at most (periodic: exactly).
     budget = rounds * (min(k, REPLAY_MISS - 1) + 1 if drafter == "replay" else k + 1)
     if reference is None:
         reference, n_vocab = references(url, prompts, budget, api_keys[0])
@@ -157,7 +176,7 @@ def run_drafters(
         owner = DraftModel(DEFAULT_DRAFTER_MODEL, n_ctx=n_ctx + 256, n_seq=n, n_threads=threads)
         drafters = [owner, *(DraftModel.on(owner.context, i) for i in range(1, n))]
     else:
-        drafters = [ReplayDrafter(*reference[p], n_vocab, draft_token_s) for p in prompts]
+        drafters = [ReplayDrafter(*reference[p], n_vocab, draft_token_s, misses) for p in prompts]
     clients = [TimedClient(url, timeout=600, api_key=api_keys[i % len(api_keys)]) for i in range(n)]
     max_chunk = clients[0].info().max_chunk_tokens  # 1 where the verifier has no chunks
     outputs: list[list[int]] = [[] for _ in range(n)]

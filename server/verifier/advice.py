@@ -5,37 +5,50 @@ are accepted one after another with probability a, commits on average
 
     E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
 
-tokens (Leviathan et al., 2023). A pass costs a fixed part (every weight read once, the
-kernels launched once) and a part per row: `PassCost` fits seconds = fixed + per_row * rows
-to the passes of rounds the engine runs, recent passes weighted more. The fixed part is
-shared by the sessions in a pass, so a session's round costs, in rows,
+tokens (Leviathan et al., 2023). What a pass of r rows costs, t(r), is learned as a curve:
+`PassCost` keeps the mean time of the passes of rounds it ran by size (recent passes
+weighted more), seeded with the startup probe's timings (a round of one row and of a few
+alone, and every sequence's round in one pass), and reads t(r) between them. The curve is
+not a line: on a CPU a pass of one row runs other kernels than a pass of dozens, so a row
+added to a large pass costs a fraction of a row alone; on a GPU t is nearly flat.
 
-    fixed_rows / sharing + k + 1,   fixed_rows = fixed / per_row,
+`sharing` is how many sessions the recent passes of rounds held (1 when the verifier is
+idle). The advice is the k with the most tokens per second of passes when each of those
+sessions sends k + 1 rows:
 
-where `sharing` is how many sessions the recent passes of rounds held (1 when the
-verifier is idle). The advice is the k that makes the most tokens per unit of that cost:
-idle, the session's own tokens per second of the verifier; loaded, the server's goodput
-(tokens per second of passes), since the session pays its share of each pass.
+    E(k) / t(sharing * (k + 1))
 
-Where rows cost about what a pass costs (a CPU), E(k) / (k + 1) < 1 for every k > 0 and
+idle, the session's own tokens per second of the verifier; loaded, the server's goodput.
+Where a pass costs about its rows (a CPU, idle), E(k) / (k + 1) < 1 for every k > 0 and
 the advice is 0: drafting cannot pay, however good the drafter. Where a pass costs many
-rows (a GPU), the advice grows with the acceptance.
+rows more than its own (a GPU, or a CPU's large passes under load), the advice grows with
+the acceptance.
 
 Pure: no clock, no threads (the engine feeds it its passes and rounds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # Before any draft is seen: a = 0.75, as weak as one round.
 PRIOR_ACCEPTED = 3.0
 PRIOR_REJECTED = 1.0
 ACCEPTANCE_DECAY = 0.9  # each round, the weight left to the rounds before it
+POOL_DECAY = 0.99  # the same, for the acceptance of every session's rounds together
 PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 50)
+# Sessions sharing passes keep the advice they were given until another length beats it
+# by this much: a pass is as wide as its widest round, so one session's round of another
+# length costs every session's round padding or a pass of its own.
+KEEP_MARGIN = 0.03
+SHARING_DECAY = 0.8  # the same, for how many sessions a pass holds: load moves fast
 MAX_FIXED_ROWS = 1024.0  # rows that cost nothing measurable: the fixed part is all
 SEED_WEIGHT = 4.0  # passes each of the probe's timings weighs as
+BUCKETS_PER_DOUBLING = 2  # passes of about the same size share a point of the curve
+MIN_WEIGHT = 0.5  # a point that has faded below this many passes is dropped
 
 
 @dataclass(frozen=True)
@@ -50,12 +63,14 @@ class Acceptance:
     def rate(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def after(self, drafted: int, accepted_prefix_len: int) -> Acceptance:
+    def after(
+        self, drafted: int, accepted_prefix_len: int, decay: float = ACCEPTANCE_DECAY
+    ) -> Acceptance:
         """The acceptance once a round of `drafted` tokens had `accepted_prefix_len` of
         them accepted (a round without a draft tells nothing)."""
         if drafted == 0:
             return self
-        d = ACCEPTANCE_DECAY
+        d = decay
         return Acceptance(
             d * self.accepted + accepted_prefix_len,
             d * self.rejected + (accepted_prefix_len < drafted),
@@ -68,73 +83,136 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1 - a ** (k + 1)) / (1 - a)
 
 
-def advised_draft(acceptance: float, fixed_rows: float, sharing: float, max_draft: int) -> int:
-    """The k in [0, max_draft] with the most tokens per row of cost (ties: the shorter)."""
-    shared_rows = fixed_rows / max(sharing, 1.0)
-    best_k, best = 0, 0.0
-    for k in range(max_draft + 1):
-        value = expected_tokens(acceptance, k) / (shared_rows + k + 1)
-        if value > best * (1 + 1e-9):
-            best_k, best = k, value
+def advised_draft(
+    acceptance: float,
+    seconds: Callable[[float], float],
+    sharing: float,
+    max_draft: int,
+    keep: int | None = None,
+) -> int:
+    """The k in [0, max_draft] with the most tokens per second of passes where `sharing`
+    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)` (ties: the
+    shorter); `keep` instead, unless the best beats it by more than KEEP_MARGIN."""
+    sharing = max(sharing, 1.0)
+
+    def value(k: int) -> float:
+        return expected_tokens(acceptance, k) / max(seconds(sharing * (k + 1)), 1e-12)
+
+    best_k = max(range(max_draft + 1), key=lambda k: value(k) * (1 - 1e-9) ** k)
+    kept = keep is not None and 0 <= keep <= max_draft
+    if kept and value(best_k) <= value(keep) * (1 + KEEP_MARGIN):
+        return keep
     return best_k
 
 
+def line_seconds(fixed_rows: float) -> Callable[[float], float]:
+    """A pass that costs `fixed_rows` rows more than its own, in units of one row."""
+    return lambda rows: fixed_rows + rows
+
+
 class PassCost:
-    """seconds = fixed + per_row * rows, fitted to recent passes of rounds and to `seed`,
-    the startup probe's timings of a session's round alone ((rows, seconds) pairs, each
-    weighing as SEED_WEIGHT passes, for good): they settle the line while the passes run
-    have one size only (chunks: one row each). With neither, `prior_fixed_rows` (None:
-    unknown, and no advice)."""
+    """t(rows): the mean seconds of the passes of rounds seen, by size (about
+    BUCKETS_PER_DOUBLING sizes a doubling, each pass weighing PASS_DECAY less with each
+    pass after it), and of `seed`, the startup probe's timings ((rows, seconds) pairs,
+    each weighing as SEED_WEIGHT passes, for good), read by straight lines between the
+    points and past the last. With fewer than two points, the line of
+    `prior_fixed_rows` (None: unknown, and no advice)."""
 
     def __init__(self, prior_fixed_rows: float | None, seed: Sequence[tuple[int, float]] = ()):
         self.prior_fixed_rows = prior_fixed_rows
-        self._seed = [0.0] * 5
+        self._seed: dict[int, list[float]] = {}  # bucket -> [weight, sum rows, sum seconds]
         for rows, seconds in seed:
-            self._seed = _added(self._seed, rows, seconds, SEED_WEIGHT)
-        self._fit = [0.0] * 5  # weighted n, sum rows, sum seconds, sum rows^2, sum rows*s
+            _add(self._seed, rows, seconds, SEED_WEIGHT)
+        self._seen: dict[int, list[float]] = {}
         self.sharing = 1.0  # sessions a pass of rounds holds, recent passes weighted more
 
     def observe(self, rows: int, seconds: float, sessions: int) -> None:
         d = PASS_DECAY
-        self._fit = _added([d * total for total in self._fit], rows, seconds, 1.0)
-        self.sharing = d * self.sharing + (1 - d) * max(sessions, 1)
+        for bucket in list(self._seen):
+            sums = self._seen[bucket] = [d * total for total in self._seen[bucket]]
+            if sums[0] < MIN_WEIGHT / 10:
+                del self._seen[bucket]
+        _add(self._seen, rows, seconds, 1.0)
+        self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * max(sessions, 1)
 
-    def line(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per row), or None while the passes seen cannot tell."""
-        n, x, y, xx, xy = (a + b for a, b in zip(self._fit, self._seed, strict=True))
-        spread = n * xx - x * x
-        if n < 2 or spread <= 1e-9 * max(n * xx, 1.0):
-            return None
-        per_row = (n * xy - x * y) / spread
-        fixed = (y - per_row * x) / n
-        return max(fixed, 0.0), per_row
+    def points(self) -> list[tuple[float, float]]:
+        """(rows, seconds) of each size seen or probed, by rows, never falling."""
+        out = []
+        for bucket in sorted(set(self._seed) | set(self._seen)):
+            w, x, y = (
+                a + b
+                for a, b in zip(
+                    self._seed.get(bucket, [0.0] * 3),
+                    self._seen.get(bucket, [0.0] * 3),
+                    strict=True,
+                )
+            )
+            if w >= MIN_WEIGHT:
+                out.append((x / w, max(y / w, out[-1][1] if out else 0.0)))
+        return out
+
+    def seconds(self) -> Callable[[float], float] | None:
+        """t(rows), or None while nothing tells."""
+        points = self.points()
+        if len(points) < 2:
+            return None if self.prior_fixed_rows is None else line_seconds(self.prior_fixed_rows)
+        return lambda rows: _read(points, rows)
 
     @property
     def fixed_rows(self) -> float | None:
-        """The fixed part of a pass, in rows; None while nothing tells."""
-        line = self.line()
-        if line is None:
-            return self.prior_fixed_rows
-        fixed, per_row = line
+        """What a pass of the current size costs beyond its rows, in rows of the passes
+        around it: the part its sessions share. None while nothing tells."""
+        seconds = self.seconds()
+        if seconds is None:
+            return None
+        rows = max(self.sharing, 1.0)
+        per_row = seconds(2 * rows) - seconds(rows)
         if per_row <= 0:
             return MAX_FIXED_ROWS
-        return min(fixed / per_row, MAX_FIXED_ROWS)
+        return min(max(seconds(rows) * rows / per_row - rows, 0.0), MAX_FIXED_ROWS)
+
+
+class Advisor:
+    """The advice for a session: from its own acceptance where it is alone; where two
+    sessions or more share the passes, from the acceptance of every session's rounds
+    together (in between, a mix), so that the sessions sharing a pass are advised alike.
+    A pass is as wide as its widest round (narrower ones are padded to it, or split off
+    into a pass of their own), so rounds of one length fill it best."""
+
+    def __init__(self, cost: PassCost):
+        self.cost = cost
+        self.pool = Acceptance()
+        self._shared: int | None = None  # the last advice given from the pool alone
+
+    def count(self, drafted: int, accepted_prefix_len: int) -> None:
+        self.pool = self.pool.after(drafted, accepted_prefix_len, POOL_DECAY)
 
     def advise(self, acceptance: Acceptance, max_draft: int) -> int | None:
         """The advised draft length; None while what a pass costs is unknown (no probe
         timings and passes of one size only)."""
-        fixed_rows = self.fixed_rows
-        if fixed_rows is None:
+        seconds = self.cost.seconds()
+        if seconds is None:
             return None
-        return advised_draft(acceptance.rate, fixed_rows, self.sharing, max_draft)
+        sharing = max(self.cost.sharing, 1.0)
+        own = min(max(2.0 - sharing, 0.0), 1.0)  # alone: 1; two sessions a pass or more: 0
+        if own > 0:
+            rate = own * acceptance.rate + (1 - own) * self.pool.rate
+            return advised_draft(rate, seconds, sharing, max_draft)
+        self._shared = advised_draft(self.pool.rate, seconds, sharing, max_draft, self._shared)
+        return self._shared
 
 
-def _added(sums: list[float], rows: int, seconds: float, weight: float) -> list[float]:
-    n, x, y, xx, xy = sums
-    return [
-        n + weight,
-        x + weight * rows,
-        y + weight * seconds,
-        xx + weight * rows * rows,
-        xy + weight * rows * seconds,
-    ]
+def _add(buckets: dict[int, list[float]], rows: int, seconds: float, weight: float) -> None:
+    bucket = round(BUCKETS_PER_DOUBLING * math.log2(max(rows, 1)))
+    w, x, y = buckets.get(bucket, [0.0, 0.0, 0.0])
+    buckets[bucket] = [w + weight, x + weight * rows, y + weight * seconds]
+
+
+def _read(points: Sequence[tuple[float, float]], rows: float) -> float:
+    """The straight line between the two points around `rows` (the first two or the last
+    two past either end), never below 0."""
+    i = bisect.bisect_left([x for x, _ in points], rows)
+    i = min(max(i, 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
+    return max(y0 + slope * (rows - x0), 0.0)

@@ -40,7 +40,7 @@ from server.shared.protocol import (
 from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import dense
 from server.verifier import invariance
-from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, PassCost
+from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, Advisor, PassCost
 from server.verifier.checks import (
     check_draft_probs,
     check_prompt_len,
@@ -113,9 +113,10 @@ class Engine:
         # Pinned, every pass computes every row of every sequence: rows are free there.
         # Unpinned and untimed (shapes that were not exact), nothing is known yet.
         prior = MAX_FIXED_ROWS if self.shapes.pinned_width else None
-        if report.alone_s and not self.shapes.pinned_width:
+        if report.pass_s and not self.shapes.pinned_width:
             prior = self.shapes.pass_cost_rows
-        self.pass_cost = PassCost(prior, report.alone_s)
+        self.pass_cost = PassCost(prior, report.pass_s)
+        self.advisor = Advisor(self.pass_cost)
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -244,7 +245,9 @@ class Engine:
                 if isinstance(outcome, Exception):
                     raise outcome
                 if isinstance(work, VerifyWork):
-                    results.append(self._finish_verify(work, outcome, seconds))
+                    answer = self._finish_verify(work, outcome, seconds)
+                    self.advisor.count(len(work.draft_tokens), answer.accepted_prefix_len)
+                    results.append(answer)
                 else:
                     results.append(self._advance_prefill(work, len(job.tokens)))
             except Exception as exc:
@@ -274,7 +277,7 @@ class Engine:
         )
 
     def _advise(self, acceptance: Acceptance) -> int | None:
-        return self.pass_cost.advise(acceptance, self.max_draft)
+        return self.advisor.advise(acceptance, self.max_draft)
 
     def _advance_prefill(self, work: PrefillWork, n_tokens: int) -> Opened | None:
         """Count a decoded chunk; the session opened once the whole prompt is cached."""

@@ -77,8 +77,9 @@ class InvarianceReport:
     prefill_chunk_max_diff: float = 0.0
     prompt_chunk: int = 0  # the chunk length those two describe
     pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
-    # A session's round alone, timed: (rows, seconds) for one row and for a short draft.
-    alone_s: tuple[tuple[int, float], ...] = ()
+    # Passes timed, (rows, seconds): a session's round alone of one row and of a short
+    # draft, and every sequence's round in one pass.
+    pass_s: tuple[tuple[int, float], ...] = ()
 
 
 def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
@@ -154,8 +155,8 @@ def probe(
         report = _rounds(target, free, ids, round_rows) if pin != "on" else None
         if report is not None and report.batch_invariant:
             rows = min(round_rows, TIMED_ROUND_ROWS)
-            cost_rows, alone = _pass_cost(target, free, ids, rows)
-            report = replace(report, pass_cost_rows=cost_rows, alone_s=alone)
+            cost_rows, timed = _pass_cost(target, free, ids, rows)
+            report = replace(report, pass_cost_rows=cost_rows, pass_s=timed)
         elif pin != "off":
             pinned = replace(free, pinned_width=pin_width)
             pinned_report = replace(
@@ -244,8 +245,9 @@ def _pass_cost(
 ) -> tuple[float, tuple[tuple[int, float], ...]]:
     """How many rows one pass costs, from the time of one round alone and of every
     sequence with one (the least of a few tries each): the planner's trade between
-    padding rows and more passes. Also one session's round alone, of one row and of
-    `round_rows`: (rows, seconds) each, the cost of a draft where a session is alone."""
+    padding rows and more passes. Also the passes timed, (rows, seconds) each: one
+    session's round alone, of one row and of `round_rows`, and every sequence's round:
+    the points of the curve the advised draft length starts from (advice.py)."""
     shapes = replace(shapes, pass_cost_rows=float(shapes.max_rows))  # every round in one pass
     rounds = [
         JobRows(s, PROBE_CONTEXT, _round_tokens(ids, s, round_rows), True)
@@ -268,10 +270,11 @@ def _pass_cost(
     if target.n_seq < 2:
         return 0.0, alone
     every = timed(rounds)
+    timings = (*alone, (round_rows * target.n_seq, every))
     per_row = (every - one) / (round_rows * (target.n_seq - 1))
     if per_row <= 0:
-        return float(round_rows * target.n_seq), alone  # rows cost nothing measurable: fill
-    return max(0.0, (one - per_row * round_rows) / per_row), alone
+        return float(round_rows * target.n_seq), timings  # rows cost nothing measurable: fill
+    return max(0.0, (one - per_row * round_rows) / per_row), timings
 
 
 def _prompt_chunking(target: ProbeTarget, shapes: PassShapes, chunk: int) -> float:

@@ -7,9 +7,11 @@ import pytest
 
 from server.verifier.advice import (
     Acceptance,
+    Advisor,
     PassCost,
     advised_draft,
     expected_tokens,
+    line_seconds,
 )
 
 
@@ -22,21 +24,67 @@ def test_expected_tokens_is_the_geometric_sum():
 @pytest.mark.parametrize("acceptance", [0.3, 0.75, 0.95])
 def test_where_a_pass_costs_no_more_than_its_rows_drafting_never_pays(acceptance):
     """E(k) / (k + 1) < 1 for every k > 0: a CPU's advice is 0 whatever the drafter."""
-    assert advised_draft(acceptance, fixed_rows=0.0, sharing=1.0, max_draft=16) == 0
+    assert advised_draft(acceptance, line_seconds(0.0), sharing=1.0, max_draft=16) == 0
 
 
 def test_where_a_pass_costs_many_rows_the_advice_grows_with_the_acceptance():
-    low = advised_draft(0.5, fixed_rows=40.0, sharing=1.0, max_draft=16)
-    high = advised_draft(0.9, fixed_rows=40.0, sharing=1.0, max_draft=16)
+    low = advised_draft(0.5, line_seconds(40.0), sharing=1.0, max_draft=16)
+    high = advised_draft(0.9, line_seconds(40.0), sharing=1.0, max_draft=16)
     assert 0 < low < high <= 16
 
 
 def test_sessions_sharing_passes_make_the_advice_shorter():
     """Loaded, a session pays only its share of each pass's fixed part: the rows of its
     own draft weigh more, and the server's goodput wants shorter drafts."""
-    alone = advised_draft(0.8, fixed_rows=40.0, sharing=1.0, max_draft=16)
-    shared = advised_draft(0.8, fixed_rows=40.0, sharing=16.0, max_draft=16)
+    alone = advised_draft(0.8, line_seconds(40.0), sharing=1.0, max_draft=16)
+    shared = advised_draft(0.8, line_seconds(40.0), sharing=16.0, max_draft=16)
     assert shared < alone
+
+
+# The shape the startup probe measures on a 2-core CPU: a row alone runs other kernels
+# than a row among dozens.
+CPU_PROBE = ((1, 0.0093), (5, 0.0425), (80, 0.264))
+
+
+def test_on_a_cpu_an_idle_verifier_advises_no_draft_and_a_loaded_one_a_draft():
+    """Alone, 5 rows cost 4.6 times 1; in a pass of 8 sessions, 16 rows cost far less
+    than twice 8: there a draft pays for the server."""
+    cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
+    assert Advisor(cost).advise(Acceptance(), max_draft=16) == 0
+    for _ in range(200):
+        cost.observe(8, 0.050, sessions=8)
+    assert cost.sharing > 7.5
+    assert Advisor(cost).advise(Acceptance(), max_draft=16) >= 1
+    assert cost.fixed_rows > 1.0
+
+
+def test_pass_cost_reads_a_curve_between_the_sizes_it_saw():
+    cost = PassCost(prior_fixed_rows=7.0)
+    assert cost.fixed_rows == 7.0  # nothing seen yet: the probe's figure
+    for rows in (1, 1, 1):
+        cost.observe(rows, 0.010, sessions=1)
+    assert cost.fixed_rows == 7.0  # one size only: the curve is not known yet
+    for rows, seconds in ((4, 0.030), (16, 0.070), (64, 0.200)):
+        cost.observe(rows, seconds, sessions=1)
+    t = cost.seconds()
+    assert t(1) == pytest.approx(0.010) and t(16) == pytest.approx(0.070)
+    assert t(10) == pytest.approx(0.050)  # between 4 and 16
+    assert t(128) == pytest.approx(0.200 + 64 * (0.130 / 48))  # past the last: its slope
+
+
+def test_passes_of_the_same_size_share_a_point_and_old_ones_fade():
+    cost = PassCost(prior_fixed_rows=None, seed=((1, 0.010), (64, 0.200)))
+    for _ in range(10):
+        cost.observe(16, 0.100, sessions=4)
+    assert [round(rows) for rows, _ in cost.points()] == [1, 16, 64]
+    for _ in range(400):
+        cost.observe(1, 0.010, sessions=1)
+    # 16 faded away; the probe's points stay.
+    assert [round(rows) for rows, _ in cost.points()] == [1, 64]
+
+
+def test_no_timings_and_no_prior_mean_no_advice():
+    assert Advisor(PassCost(prior_fixed_rows=None)).advise(Acceptance(), max_draft=16) is None
 
 
 def test_acceptance_counts_rounds_and_ignores_rounds_without_a_draft():
@@ -48,30 +96,40 @@ def test_acceptance_counts_rounds_and_ignores_rounds_without_a_draft():
     assert worse.rate < start.rate < better.rate
 
 
-def test_pass_cost_fits_a_fixed_part_and_a_part_per_row():
-    cost = PassCost(prior_fixed_rows=7.0)
-    assert cost.fixed_rows == 7.0  # nothing seen yet: the probe's figure
-    for rows in (1, 1, 1):
-        cost.observe(rows, 0.010 + 0.002 * rows, sessions=1)
-    assert cost.fixed_rows == 7.0  # one size only: the line is not known yet
-    for rows in (5, 9, 17, 3):
-        cost.observe(rows, 0.010 + 0.002 * rows, sessions=1)
-    fixed, per_row = cost.line()
-    assert fixed == pytest.approx(0.010) and per_row == pytest.approx(0.002)
-    assert cost.fixed_rows == pytest.approx(5.0)
-
-
 def test_rows_that_cost_nothing_make_the_fixed_part_all():
     cost = PassCost(prior_fixed_rows=0.0)
     for rows in (1, 4, 8, 16):
         cost.observe(rows, 0.020, sessions=1)
-    assert cost.advise(Acceptance(), max_draft=16) == 16
+    assert Advisor(cost).advise(Acceptance(), max_draft=16) == 16
 
 
 def test_sharing_follows_the_sessions_in_recent_passes():
     cost = PassCost(prior_fixed_rows=40.0)
-    alone = cost.advise(Acceptance(9.0, 1.0), max_draft=16)
+    alone = Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16)
     for _ in range(300):
         cost.observe(64, 0.05, sessions=16)
     assert cost.sharing > 10
-    assert cost.advise(Acceptance(9.0, 1.0), max_draft=16) < alone
+    assert Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16) < alone
+
+
+def test_sessions_sharing_passes_are_advised_alike_from_every_sessions_acceptance():
+    """Loaded, a pass is as wide as its widest round: a session is advised mostly from
+    the acceptance of every session's rounds, so its rounds match the others'."""
+    cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
+    advisor = Advisor(cost)
+    lucky, unlucky = Acceptance(9.5, 0.5), Acceptance(5.0, 5.0)
+    assert advisor.advise(lucky, 16) != advisor.advise(unlucky, 16)  # alone: its own
+    for _ in range(300):
+        cost.observe(24, 0.105, sessions=8)
+        advisor.count(2, 2)
+        advisor.count(2, 1)
+    assert advisor.advise(lucky, 16) == advisor.advise(unlucky, 16) > 0
+
+
+def test_shared_advice_holds_until_another_length_clearly_beats_it():
+    """Near a tie the advice does not flicker: a session's round of another length
+    would pad every session's round of the pass."""
+    seconds = line_seconds(4.0)  # k = 1: 1.75 tokens in 12 rows' time; k = 2: 2.31 in 16
+    assert advised_draft(0.75, seconds, sharing=4, max_draft=8) == 1
+    assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=2) == 2  # 1% worse
+    assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=6) == 1  # far worse

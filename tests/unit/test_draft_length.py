@@ -4,7 +4,13 @@ import itertools
 
 import pytest
 
-from drafter.draft_length import DoublingLength, FixedLength, LinkAwareLength, RoundTiming
+from drafter.draft_length import (
+    MIN_DRAFTED_ROUNDS,
+    DoublingLength,
+    FixedLength,
+    LinkAwareLength,
+    RoundTiming,
+)
 from drafter.settings import parse_draft_n
 
 
@@ -21,13 +27,16 @@ def test_a_round_with_no_draft_teaches_nothing():
     assert length.next() == 4
 
 
-def timing(rows: int, verifier_s: float, link_s: float, draft_s: float, ahead: bool = False):
+def timing(
+    rows: int, verifier_s: float, link_s: float, draft_s: float, ahead: bool = False, tokens=1
+):
     return RoundTiming(
         rows=rows,
         verifier_s=verifier_s,
         round_trip_s=verifier_s + link_s,
         draft_s=draft_s,
         drafted_ahead=ahead,
+        tokens=tokens,
     )
 
 
@@ -38,7 +47,9 @@ def run_rounds(length: LinkAwareLength, link_s: float, accept: float, rounds: in
         k = length.next()
         accepted = min(k, round(k * accept))
         length.update(k, accepted)
-        length.observe(timing(k + 1, 0.010 + 0.005 * (k + 1), link_s, 0.015 * k))
+        length.observe(
+            timing(k + 1, 0.010 + 0.005 * (k + 1), link_s, 0.015 * k, tokens=accepted + 1)
+        )
     return length.next()
 
 
@@ -145,12 +156,15 @@ def drive(length: LinkAwareLength, rounds: int, per_row_s: float, fixed_s: float
             verifier_s = m * (fixed_s + per_row_s)
             length.update(0, 0)
             length.advise(advised)
-            length.observe(RoundTiming(1, verifier_s, verifier_s + 0.002, 0.0, False, steps=m))
+            length.observe(
+                RoundTiming(1, verifier_s, verifier_s + 0.002, 0.0, False, steps=m, tokens=m)
+            )
         else:
             verifier_s = fixed_s + per_row_s * (k + 1)
-            length.update(k, round(0.8 * k))
+            accepted = round(0.8 * k)
+            length.update(k, accepted)
             length.advise(advised)
-            length.observe(timing(k + 1, verifier_s, 0.002, 0.005 * k))
+            length.observe(timing(k + 1, verifier_s, 0.002, 0.005 * k, tokens=accepted + 1))
     return sent
 
 
@@ -189,10 +203,42 @@ def test_where_the_verifier_cannot_chunk_auto_drafts_as_before():
 
 def test_advice_that_allows_drafts_still_chunks_where_the_drafter_costs_more_and_probes():
     """The advice is 1 (rows nearly as dear as tokens) and each draft token costs the
-    drafter 5 ms: chunks win, and a drafted round measures again after 4, then 8 chunks."""
+    drafter 5 ms: measured over a few drafted rounds, chunks win, and a drafted round
+    measures again after 4, then 8 chunks."""
     length = LinkAwareLength(maximum=16, max_chunk=64, start=1)
     sent = drive(length, 40, per_row_s=0.009, fixed_s=0.001, advised=1)
     drafted = [i for i, k in enumerate(sent) if k > 0]
-    assert sent.count(0) > 30
-    gaps = [b - a - 1 for a, b in itertools.pairwise(drafted)]
+    assert drafted[:MIN_DRAFTED_ROUNDS] == list(range(MIN_DRAFTED_ROUNDS))
+    assert sent.count(0) > 25
+    gaps = [b - a - 1 for a, b in itertools.pairwise(drafted[MIN_DRAFTED_ROUNDS - 1 :])]
     assert gaps[:2] == [4, 8]
+
+
+def test_under_load_advice_above_0_makes_auto_draft_where_its_own_rows_model_would_chunk():
+    """Loaded: a pass holds many sessions, and a draft's rows add little to it. The chunks
+    measured before (one row a pass) tell nothing of that; once the verifier advises a
+    draft, auto drafts, measures, and keeps drafting while drafted rounds come faster."""
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+    length.advise(0)  # idle when the session opened
+    loaded = drive(length, 8, per_row_s=0.003, fixed_s=0.047, advised=0)
+    assert loaded == [0] * 8
+    then = drive(length, 30, per_row_s=0.003, fixed_s=0.047, advised=2)
+    assert then[0] == 0  # asked before the answer that advised 2
+    assert 0 not in then[1:] and set(then[1:]) <= {1, 2}
+
+
+def test_advice_above_0_still_chunks_where_measured_drafted_rounds_come_slower():
+    """A slow link: each drafted round pays it for a couple of tokens, a chunk once for
+    dozens. Measured, the chunks win, whatever the advice."""
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+    for _ in range(40):
+        k = length.next()
+        length.advise(3)
+        if k == 0:
+            m = length.chunk()
+            length.update(0, 0)
+            length.observe(RoundTiming(1, m * 0.01, m * 0.01 + 0.2, 0.0, False, steps=m, tokens=m))
+        else:
+            length.update(k, k // 2)
+            length.observe(timing(k + 1, 0.012, 0.2, 0.0, ahead=True, tokens=k // 2 + 1))
+    assert length.chunking and length.next() == 0
