@@ -252,9 +252,15 @@ class LinkAwareLength:
             # drafter's time and the link's: drafting cannot pay.
             self.chunking = True
         elif self.advised is not None:
-            # A draft pays the verifier: whether it pays this user too is measured.
-            drafted = self._draft_rate.rate
-            self.chunking = drafted is not None and self.chunk_tokens_per_s() > drafted
+            # A draft pays the verifier. Whether it pays this user too: a chunk's step and
+            # a drafted round each wait for one pass (the verifier has priced the rows),
+            # so what differs is the link, paid once a chunk, and the drafting.
+            flat = self.verifier_s(ceiling + 1)
+            drafted = self._draft_rate.rate or max(
+                self.expected_tokens_per_s(self.k, False, flat),
+                self.expected_tokens_per_s(self.k_ahead, True, flat),
+            )
+            self.chunking = self.chunk_tokens_per_s(flat) > drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds
@@ -281,24 +287,37 @@ class LinkAwareLength:
         slope = max(0.0, (n * xy - x * y) / spread)
         return max(0.0, (y - slope * x) / n + slope * rows)
 
-    def expected_tokens_per_s(self, k: int, ahead: bool = False) -> float:
+    def expected_tokens_per_s(
+        self, k: int, ahead: bool = False, verifier_s: float | None = None
+    ) -> float:
+        """`verifier_s`: the verifier's time for the round whatever k (else this
+        session's line of it against its rows)."""
         a = min(self.acceptance, 0.999)
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        seconds = (self._link_s or 0.0) + self.verifier_s(k + 1)
+        if verifier_s is None:
+            verifier_s = self.verifier_s(k + 1)
+        seconds = (self._link_s or 0.0) + verifier_s
         if not ahead:
             seconds += k * (self._draft_s or 0.0)
         return tokens / seconds if seconds > 0 else 0.0
 
-    def chunk_tokens_per_s(self) -> float:
-        if self._chunk_rate.rate is not None:
+    def chunk_tokens_per_s(self, step_s: float | None = None) -> float:
+        """Measured, or expected with `step_s` the verifier's time a token (else this
+        session's line of it for one row)."""
+        if step_s is None and self._chunk_rate.rate is not None:
             return self._chunk_rate.rate
         m = self.chunk()
-        seconds = (self._link_s or 0.0) + m * self.verifier_s(1)
+        step_s = self.verifier_s(1) if step_s is None else step_s
+        seconds = (self._link_s or 0.0) + m * step_s
         return m / seconds if seconds > 0 else 0.0
 
     def _best(self, ahead: bool, ceiling: int) -> int:
+        # Where the verifier advises, it has priced the rows (its passes, its load: a
+        # pass is as wide as its widest round, so a shorter round saves it little) and
+        # this session weighs only what is its own: drafting and the link.
+        verifier_s = None if not self.advised else self.verifier_s(ceiling + 1)
         candidates = range(self.minimum, ceiling + 1)
-        return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead))
+        return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead, verifier_s))
 
 
 DraftLength = FixedLength | DoublingLength | LinkAwareLength

@@ -187,9 +187,13 @@ class Advisor:
     def count(self, drafted: int, accepted_prefix_len: int) -> None:
         self.pool = self.pool.after(drafted, accepted_prefix_len, POOL_DECAY)
 
-    def advise(self, acceptance: Acceptance, max_draft: int) -> int | None:
-        """The advised draft length; None while what a pass costs is unknown (no probe
-        timings and passes of one size only)."""
+    def advise(self, acceptance: Acceptance, max_draft: int, last_draft: int = 0) -> int | None:
+        """The advised draft length after a round of `last_draft` drafts (0 for none, or
+        the prompt); None while what a pass costs is unknown (no probe timings and
+        passes of one size only). It grows at most to twice the last draft and one:
+        while load rises (sessions opening one after another) what a pass holds lags
+        behind, and a long draft advised for a pass of few sessions would land in a full
+        one."""
         seconds = self.cost.seconds()
         if seconds is None:
             return None
@@ -197,9 +201,11 @@ class Advisor:
         own = min(max(2.0 - sharing, 0.0), 1.0)  # alone: 1; two sessions a pass or more: 0
         if own > 0:
             rate = own * acceptance.rate + (1 - own) * self.pool.rate
-            return advised_draft(rate, seconds, sharing, max_draft)
-        self._shared = advised_draft(self.pool.rate, seconds, sharing, max_draft, self._shared)
-        return self._shared
+            advised = advised_draft(rate, seconds, sharing, max_draft)
+        else:
+            self._shared = advised_draft(self.pool.rate, seconds, sharing, max_draft, self._shared)
+            advised = self._shared
+        return min(advised, 2 * last_draft + 1)
 
 
 def _add(buckets: dict[int, list[float]], rows: int, seconds: float, weight: float) -> None:

@@ -276,8 +276,8 @@ class Engine:
             advise=self._advise,
         )
 
-    def _advise(self, acceptance: Acceptance) -> int | None:
-        return self.advisor.advise(acceptance, self.max_draft)
+    def _advise(self, acceptance: Acceptance, last_draft: int = 0) -> int | None:
+        return self.advisor.advise(acceptance, self.max_draft, last_draft)
 
     def _advance_prefill(self, work: PrefillWork, n_tokens: int) -> Opened | None:
         """Count a decoded chunk; the session opened once the whole prompt is cached."""

@@ -27,7 +27,7 @@ def finish_round(
     remove: Callable[[int, int], None],
     is_eog: Callable[[int], bool],
     lossless: bool,
-    advise: Callable[[Acceptance], int | None] | None = None,
+    advise: Callable[[Acceptance, int], int | None] | None = None,
 ) -> VerifyResponse:
     """The round's answer, the session advanced by it. Everything that can fail comes
     before the session changes; the random stream is put back if it does, so a round
@@ -50,7 +50,8 @@ def finish_round(
             is_eog,
         )
         acceptance = session.acceptance.after(len(work.draft_tokens), verdict.accepted_prefix_len)
-        advised = advise(acceptance) if advise is not None else None
+        drafted = len(work.draft_tokens)
+        advised = advise(acceptance, drafted) if advise is not None else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.
         remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)

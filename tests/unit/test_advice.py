@@ -50,11 +50,11 @@ def test_on_a_cpu_an_idle_verifier_advises_no_draft_and_a_loaded_one_a_draft():
     """Alone, 5 rows cost 4.6 times 1; in a pass of 8 sessions, 16 rows cost far less
     than twice 8: there a draft pays for the server."""
     cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
-    assert Advisor(cost).advise(Acceptance(), max_draft=16) == 0
+    assert Advisor(cost).advise(Acceptance(), max_draft=16, last_draft=16) == 0
     for _ in range(200):
         cost.observe(8, 0.050, sessions=8)
     assert cost.sharing > 7.5
-    assert Advisor(cost).advise(Acceptance(), max_draft=16) >= 1
+    assert Advisor(cost).advise(Acceptance(), max_draft=16, last_draft=16) >= 1
     assert cost.fixed_rows > 1.0
 
 
@@ -84,7 +84,10 @@ def test_passes_of_the_same_size_share_a_point_and_old_ones_fade():
 
 
 def test_no_timings_and_no_prior_mean_no_advice():
-    assert Advisor(PassCost(prior_fixed_rows=None)).advise(Acceptance(), max_draft=16) is None
+    assert (
+        Advisor(PassCost(prior_fixed_rows=None)).advise(Acceptance(), max_draft=16, last_draft=16)
+        is None
+    )
 
 
 def test_acceptance_counts_rounds_and_ignores_rounds_without_a_draft():
@@ -100,16 +103,16 @@ def test_rows_that_cost_nothing_make_the_fixed_part_all():
     cost = PassCost(prior_fixed_rows=0.0)
     for rows in (1, 4, 8, 16):
         cost.observe(rows, 0.020, sessions=1)
-    assert Advisor(cost).advise(Acceptance(), max_draft=16) == 16
+    assert Advisor(cost).advise(Acceptance(), max_draft=16, last_draft=16) == 16
 
 
 def test_sharing_follows_the_sessions_in_recent_passes():
     cost = PassCost(prior_fixed_rows=40.0)
-    alone = Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16)
+    alone = Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16, last_draft=16)
     for _ in range(300):
         cost.observe(64, 0.05, sessions=16)
     assert cost.sharing > 10
-    assert Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16) < alone
+    assert Advisor(cost).advise(Acceptance(9.0, 1.0), max_draft=16, last_draft=16) < alone
 
 
 def test_sessions_sharing_passes_are_advised_alike_from_every_sessions_acceptance():
@@ -118,12 +121,12 @@ def test_sessions_sharing_passes_are_advised_alike_from_every_sessions_acceptanc
     cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
     advisor = Advisor(cost)
     lucky, unlucky = Acceptance(9.5, 0.5), Acceptance(5.0, 5.0)
-    assert advisor.advise(lucky, 16) != advisor.advise(unlucky, 16)  # alone: its own
+    assert advisor.advise(lucky, 16, 16) != advisor.advise(unlucky, 16, 16)  # alone: its own
     for _ in range(300):
         cost.observe(24, 0.105, sessions=8)
         advisor.count(2, 2)
         advisor.count(2, 1)
-    assert advisor.advise(lucky, 16) == advisor.advise(unlucky, 16) > 0
+    assert advisor.advise(lucky, 16, 16) == advisor.advise(unlucky, 16, 16) > 0
 
 
 def test_shared_advice_holds_until_another_length_clearly_beats_it():
@@ -133,3 +136,11 @@ def test_shared_advice_holds_until_another_length_clearly_beats_it():
     assert advised_draft(0.75, seconds, sharing=4, max_draft=8) == 1
     assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=2) == 2  # 1% worse
     assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=6) == 1  # far worse
+
+
+def test_the_advice_grows_at_most_to_twice_the_last_draft_and_one():
+    """While load rises, a long draft advised for few sessions would land in a full
+    pass: the advice climbs from the session's last draft instead."""
+    advisor = Advisor(PassCost(prior_fixed_rows=200.0))  # rows cost next to nothing
+    good = Acceptance(9.5, 0.5)
+    assert [advisor.advise(good, 16, last) for last in (0, 1, 3, 7, 16)] == [1, 3, 7, 15, 16]
