@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 CHUNK_S_FIRST = 0.1
 CHUNK_S_LAST = 0.4
 CHUNK_LINKS = 4
-CHUNK_FIRST = 8  # before the verifier's time per token is known
+CHUNK_FIRST = 4  # before the verifier's time per token is known
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
 # PROBE_FIRST, doubling after each probe that keeps the chunks, up to PROBE_LAST.
 PROBE_FIRST = 4
@@ -159,6 +159,7 @@ class LinkAwareLength:
     _accepted: float = 3.0  # a weak prior: a = 0.75
     _rejected: float = 1.0
     _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
+    _step_s: float | None = None  # the verifier's time a token of a chunk
     k_ahead: int = 0
     _link_s: float | None = None
     _draft_s: float | None = None
@@ -191,7 +192,7 @@ class LinkAwareLength:
     def chunk(self) -> int:
         """Tokens a round without a draft asks for: enough that the link's time is a
         small part of the round, few enough that a stream stays fluid."""
-        per_token = self.verifier_s(1)
+        per_token = self._step_s or self.verifier_s(1)
         if self.max_chunk <= 1 or per_token <= 0:
             return min(self.max_chunk, CHUNK_FIRST)
         seconds = max(self._chunk_s, CHUNK_LINKS * (self._link_s or 0.0))
@@ -222,9 +223,16 @@ class LinkAwareLength:
             self._chunk_rate.add(timing.steps, timing.round_trip_s, d)
         elif timing.rows > 1 and timing.round_trip_s > 0:
             self._draft_rate.add(timing.tokens, timing.round_trip_s + timing.draft_s, d)
-        n, x, y, xx, xy = self._fit
-        r, v = timing.rows, timing.verifier_s / timing.steps
-        self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
+        if timing.rows == 1 and timing.steps > 1:
+            # A chunk's steps: a token each, timed when the chunk ran (the line of rows
+            # below is drafted rounds' and single steps': a chunk run long ago under
+            # another load would bend it for good).
+            step = timing.verifier_s / timing.steps
+            self._step_s = step if self._step_s is None else d * self._step_s + (1 - d) * step
+        else:
+            n, x, y, xx, xy = self._fit
+            r, v = timing.rows, timing.verifier_s
+            self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
         if timing.steps == 1:
             # A chunk's round trip holds its steps' waits for passes too: not the link's.
             link = max(0.0, timing.round_trip_s - timing.verifier_s)
@@ -237,7 +245,7 @@ class LinkAwareLength:
         self._choose()
 
     def _choose(self) -> None:
-        measured = self._fit[0] > 0  # before the first round: `start`, within the advice
+        measured = self._fit[0] > 0  # before a drafted round: `start`, within the advice
         ceiling = self.maximum if self.advised is None else min(self.maximum, self.advised)
         ceiling = max(ceiling, self.minimum)
         if not measured:
@@ -252,15 +260,16 @@ class LinkAwareLength:
             # drafter's time and the link's: drafting cannot pay.
             self.chunking = True
         elif self.advised is not None:
-            # A draft pays the verifier. Whether it pays this user too: a chunk's step and
-            # a drafted round each wait for one pass (the verifier has priced the rows),
-            # so what differs is the link, paid once a chunk, and the drafting.
+            # A draft pays the verifier. Whether it pays this user too: what differs is
+            # the link, paid once a chunk, and the drafting, weighed with what a round
+            # of one row and one of this length cost now (the verifier has priced the
+            # rows: a drafted round of one length only tells of no difference).
             flat = self.verifier_s(ceiling + 1)
             drafted = self._draft_rate.rate or max(
                 self.expected_tokens_per_s(self.k, False, flat),
                 self.expected_tokens_per_s(self.k_ahead, True, flat),
             )
-            self.chunking = self.chunk_tokens_per_s(flat) > drafted
+            self.chunking = measured and self.chunk_tokens_per_s(self.verifier_s(1)) > drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds
@@ -282,8 +291,10 @@ class LinkAwareLength:
         if n == 0:
             return 0.0
         spread = n * xx - x * x
-        if spread < 1e-9:  # one row count so far: the time grows with rows as on a CPU
-            return y / n * rows / max(x / n, 1.0)
+        if spread < 1e-9:  # one row count so far
+            if self.advised:  # the verifier advises drafts: rows cost it little now
+                return y / n
+            return y / n * rows / max(x / n, 1.0)  # as on a CPU: the time grows with rows
         slope = max(0.0, (n * xy - x * y) / spread)
         return max(0.0, (y - slope * x) / n + slope * rows)
 
@@ -302,12 +313,12 @@ class LinkAwareLength:
         return tokens / seconds if seconds > 0 else 0.0
 
     def chunk_tokens_per_s(self, step_s: float | None = None) -> float:
-        """Measured, or expected with `step_s` the verifier's time a token (else this
-        session's line of it for one row)."""
+        """Measured, or expected with `step_s` the verifier's time a token (else the
+        chunks', or this session's line of it for one row)."""
         if step_s is None and self._chunk_rate.rate is not None:
             return self._chunk_rate.rate
         m = self.chunk()
-        step_s = self.verifier_s(1) if step_s is None else step_s
+        step_s = step_s if step_s is not None else (self._step_s or self.verifier_s(1))
         seconds = (self._link_s or 0.0) + m * step_s
         return m / seconds if seconds > 0 else 0.0
 
