@@ -35,6 +35,12 @@ PROBE_LAST = 64
 PROBE_FIRST_ADVISED_0 = 16
 
 
+# Where the verifier advises a draft, how much faster chunks must look for auto to send
+# them: a drafted round's measured time holds its waits for passes, a chunk's expected one
+# does not, and a session sending chunks among drafted rounds costs every other session
+# of the pass (its row is padded to their width, and it keeps passes running while
+# their rounds are on their way).
+CHUNK_MARGIN = 1.5
 # Drafted rounds measured before their rate is weighed against chunks': one round's
 # tokens vary from one to k + 1.
 MIN_DRAFTED_ROUNDS = 4
@@ -269,7 +275,8 @@ class LinkAwareLength:
                 self.expected_tokens_per_s(self.k, False, flat),
                 self.expected_tokens_per_s(self.k_ahead, True, flat),
             )
-            self.chunking = measured and self.chunk_tokens_per_s(self.verifier_s(1)) > drafted
+            chunks = self.chunk_tokens_per_s(self.verifier_s(1))
+            self.chunking = measured and chunks > CHUNK_MARGIN * drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds

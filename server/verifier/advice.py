@@ -44,7 +44,10 @@ PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 5
 # by this much: a pass is as wide as its widest round, so one session's round of another
 # length costs every session's round padding or a pass of its own.
 KEEP_MARGIN = 0.03
-SHARING_DECAY = 0.8  # the same, for how many sessions a pass holds: load moves fast
+# How many sessions a pass holds: up at once with a fuller pass, down as an average of
+# the recent ones (a few thin passes, while sessions' rounds are on their way, are not
+# the load falling).
+SHARING_DECAY = 0.98
 MAX_FIXED_ROWS = 1024.0  # rows that cost nothing measurable: the fixed part is all
 SEED_WEIGHT = 4.0  # passes each of the probe's timings weighs as
 BUCKETS_PER_DOUBLING = 2  # passes of about the same size share a point of the curve
@@ -133,7 +136,9 @@ class PassCost:
             if sums[0] < MIN_WEIGHT / 10:
                 del self._seen[bucket]
         _add(self._seen, rows, seconds, 1.0)
-        self.sharing = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * max(sessions, 1)
+        sessions = max(sessions, 1)
+        fading = SHARING_DECAY * self.sharing + (1 - SHARING_DECAY) * sessions
+        self.sharing = max(float(sessions), fading)
 
     def points(self) -> list[tuple[float, float]]:
         """(rows, seconds) of each size seen or probed, by rows, never falling."""

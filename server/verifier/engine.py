@@ -245,13 +245,15 @@ class Engine:
                 if isinstance(outcome, Exception):
                     raise outcome
                 if isinstance(work, VerifyWork):
-                    answer = self._finish_verify(work, outcome, seconds)
-                    self.advisor.count(len(work.draft_tokens), answer.accepted_prefix_len)
-                    results.append(answer)
+                    results.append(self._finish_verify(work, outcome, seconds))
                 else:
                     results.append(self._advance_prefill(work, len(job.tokens)))
             except Exception as exc:
                 results.append(self._fail(work, exc))
+        # Counted once the pass's rounds are answered: each was advised from the same.
+        for work, result in zip(works, results, strict=True):
+            if isinstance(result, VerifyResponse):
+                self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
         return Ran(results, decoded.passes)
 
     def abandon(self, work: Work) -> None:

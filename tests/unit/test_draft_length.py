@@ -210,10 +210,10 @@ def test_where_the_verifier_cannot_chunk_auto_drafts_as_before():
 
 def test_advice_that_allows_drafts_still_chunks_where_the_drafter_costs_more_and_probes():
     """The verifier advises 1 (a draft pays it), but each draft token costs this drafter
-    40 ms, twice a pass: measured over a few drafted rounds, chunks win, and a drafted
+    80 ms, four passes: measured over a few drafted rounds, chunks win, and a drafted
     round measures again after 4, then 8 chunks."""
     length = LinkAwareLength(maximum=16, max_chunk=64, start=1)
-    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=1, draft_token_s=0.04)
+    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=1, draft_token_s=0.08)
     drafted = [i for i, k in enumerate(sent) if k > 0]
     assert drafted[:MIN_DRAFTED_ROUNDS] == list(range(MIN_DRAFTED_ROUNDS))
     assert sent.count(0) > 25
