@@ -40,10 +40,12 @@ PRIOR_REJECTED = 1.0
 ACCEPTANCE_DECAY = 0.9  # each round, the weight left to the rounds before it
 POOL_DECAY = 0.99  # the same, for the acceptance of every session's rounds together
 PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 50)
-# Sessions sharing passes keep the advice they were given until another length beats it
-# by this much: a pass is as wide as its widest round, so one session's round of another
-# length costs every session's round padding or a pass of its own.
-KEEP_MARGIN = 0.03
+# Lengths whose value is this near the best count as the best: the shortest of them is
+# advised (the curve and the acceptance are estimates, and a longer draft risks more
+# rows for what it wins), or the length sessions sharing passes were advised already (a
+# pass is as wide as its widest round, so one session's round of another length costs
+# every session's round padding or a pass of its own).
+NEAR_BEST = 0.03
 # How many sessions a pass holds: up at once with a fuller pass, down as an average of
 # the recent ones (a few thin passes, while sessions' rounds are on their way, are not
 # the load falling).
@@ -94,18 +96,15 @@ def advised_draft(
     keep: int | None = None,
 ) -> int:
     """The k in [0, max_draft] with the most tokens per second of passes where `sharing`
-    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)` (ties: the
-    shorter); `keep` instead, unless the best beats it by more than KEEP_MARGIN."""
+    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)`, to within
+    NEAR_BEST: `keep` if it is that near the best, else the shortest that is."""
     sharing = max(sharing, 1.0)
-
-    def value(k: int) -> float:
-        return expected_tokens(acceptance, k) / max(seconds(sharing * (k + 1)), 1e-12)
-
-    best_k = max(range(max_draft + 1), key=lambda k: value(k) * (1 - 1e-9) ** k)
-    kept = keep is not None and 0 <= keep <= max_draft
-    if kept and value(best_k) <= value(keep) * (1 + KEEP_MARGIN):
-        return keep
-    return best_k
+    values = [
+        expected_tokens(acceptance, k) / max(seconds(sharing * (k + 1)), 1e-12)
+        for k in range(max_draft + 1)
+    ]
+    near = [k for k, value in enumerate(values) if value >= max(values) * (1 - NEAR_BEST)]
+    return keep if keep in near else near[0]
 
 
 def line_seconds(fixed_rows: float) -> Callable[[float], float]:
