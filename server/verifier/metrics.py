@@ -144,7 +144,8 @@ class VerifierMetrics:
         )
         self.pass_fixed_rows = Gauge(
             "verifier_pass_fixed_rows",
-            "what a pass's fixed part costs, in rows, as learned from the passes of rounds",
+            "what a pass of the current size costs beyond its rows, in rows (the part its "
+            "sessions share), as learned from the passes of rounds",
             registry=r,
         )
         self.rounds_without_draft = Counter(
