@@ -49,22 +49,32 @@ MIN_DRAFTED_ROUNDS = 4
 @dataclass
 class MeasuredRate:
     """Tokens a second over recent rounds: their tokens over their time, each summed with
-    geometric weights (a sum's ratio: one slow round of many tokens weighs as it should);
-    None until `min_rounds` rounds are in."""
+    geometric weights (a sum's ratio: one slow round of many tokens weighs as it should).
+    Rounds of the other kind age it too (`fade`): a rate measured before the link or the
+    load changed is forgotten while the other kind is sent. None until `min_rounds`
+    rounds are in, and once it weighs less than one recent round."""
 
     min_rounds: int
     tokens: float = 0.0
     seconds: float = 0.0
     rounds: int = 0
+    weight: float = 0.0
 
     def add(self, tokens: int, seconds: float, decay: float) -> None:
-        self.tokens = decay * self.tokens + tokens
-        self.seconds = decay * self.seconds + seconds
+        self.fade(decay)
+        self.tokens += tokens
+        self.seconds += seconds
+        self.weight += 1.0
         self.rounds += 1
+
+    def fade(self, decay: float) -> None:
+        self.tokens *= decay
+        self.seconds *= decay
+        self.weight *= decay
 
     @property
     def rate(self) -> float | None:
-        if self.rounds < self.min_rounds or self.seconds <= 0:
+        if self.rounds < self.min_rounds or self.weight < 1.0 or self.seconds <= 0:
             return None
         return self.tokens / self.seconds
 
@@ -227,8 +237,10 @@ class LinkAwareLength:
         # session's rows shows.
         if timing.rows == 1 and timing.round_trip_s > 0:
             self._chunk_rate.add(timing.steps, timing.round_trip_s, d)
+            self._draft_rate.fade(d)
         elif timing.rows > 1 and timing.round_trip_s > 0:
             self._draft_rate.add(timing.tokens, timing.round_trip_s + timing.draft_s, d)
+            self._chunk_rate.fade(d)
         if timing.rows == 1 and timing.steps > 1:
             # A chunk's steps: a token each, timed when the chunk ran (the line of rows
             # below is drafted rounds' and single steps': a chunk run long ago under

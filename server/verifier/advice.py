@@ -192,12 +192,12 @@ class Advisor:
         self.pool = self.pool.after(drafted, accepted_prefix_len, POOL_DECAY)
 
     def advise(self, acceptance: Acceptance, max_draft: int, last_draft: int = 0) -> int | None:
-        """The advised draft length after a round of `last_draft` drafts (0 for none, or
-        the prompt); None while what a pass costs is unknown (no probe timings and
-        passes of one size only). It grows at most to twice the last draft and one:
-        while load rises (sessions opening one after another) what a pass holds lags
-        behind, and a long draft advised for a pass of few sessions would land in a full
-        one."""
+        """The advised draft length for a session whose last drafted round had
+        `last_draft` drafts (0: none yet); None while what a pass costs is unknown (no
+        probe timings and passes of one size only). It grows at most to twice the last
+        draft and one: while load rises (sessions opening one after another) what a pass
+        holds lags behind, and a long draft advised for a pass of few sessions would
+        land in a full one."""
         seconds = self.cost.seconds()
         if seconds is None:
             return None
@@ -219,8 +219,11 @@ def _add(buckets: dict[int, list[float]], rows: int, seconds: float, weight: flo
 
 
 def _read(points: Sequence[tuple[float, float]], rows: float) -> float:
-    """The straight line between the two points around `rows` (the first two or the last
-    two past either end), never below 0."""
+    """The straight line between the two points around `rows` (the last two past the
+    end); below the first point, its time in proportion to the rows."""
+    x0, y0 = points[0]
+    if rows <= x0:
+        return y0 * rows / x0
     i = bisect.bisect_left([x for x, _ in points], rows)
     i = min(max(i, 1), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]

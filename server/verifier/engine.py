@@ -299,7 +299,7 @@ class Engine:
             strategy=session.strategy,
             lossless=self.lossless(session.strategy),
             cached_tokens=work.reservation.reused,
-            advised_draft=self._advise(session.acceptance),
+            advised_draft=self._advise(session.acceptance, session.last_draft),
         )
         return Opened(response, session, work.reservation)
 

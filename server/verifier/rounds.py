@@ -50,8 +50,8 @@ def finish_round(
             is_eog,
         )
         acceptance = session.acceptance.after(len(work.draft_tokens), verdict.accepted_prefix_len)
-        drafted = len(work.draft_tokens)
-        advised = advise(acceptance, drafted) if advise is not None else None
+        last_draft = len(work.draft_tokens) or session.last_draft
+        advised = advise(acceptance, last_draft) if advise is not None else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.
         remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)
@@ -77,6 +77,7 @@ def finish_round(
     session.tokens.extend(verdict.tokens)
     session.decoded_tokens += len(work.tokens)
     session.acceptance = acceptance
+    session.last_draft = last_draft
     session.last_used = time.monotonic()
     session.last_round_key, session.last_response = work.round_key, response
     session.work, work.closed = None, True

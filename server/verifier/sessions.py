@@ -51,6 +51,7 @@ class Session:
     last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
+    last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     work: Any = None  # the round begun and not yet finished or undone (at most one)
 
     @property

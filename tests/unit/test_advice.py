@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server.verifier.advice import (
+    MAX_FIXED_ROWS,
     Acceptance,
     Advisor,
     PassCost,
@@ -104,6 +105,7 @@ def test_rows_that_cost_nothing_make_the_fixed_part_all():
     for rows in (1, 4, 8, 16):
         cost.observe(rows, 0.020, sessions=1)
     assert Advisor(cost).advise(Acceptance(), max_draft=16, last_draft=16) >= 8  # near the most
+    assert cost.fixed_rows == MAX_FIXED_ROWS
 
 
 def test_sharing_follows_the_sessions_in_recent_passes():
@@ -144,3 +146,12 @@ def test_the_advice_grows_at_most_to_twice_the_last_draft_and_one():
     advisor = Advisor(PassCost(prior_fixed_rows=200.0))  # rows cost next to nothing
     good = Acceptance(9.5, 0.5)
     assert [advisor.advise(good, 16, last) for last in (0, 1, 3, 7, 16)] == [1, 3, 7, 15, 16]
+
+
+def test_below_the_smallest_pass_seen_the_time_is_in_proportion_to_the_rows():
+    cost = PassCost(prior_fixed_rows=None)
+    for _ in range(5):
+        cost.observe(4, 0.040, sessions=2)
+        cost.observe(8, 0.060, sessions=2)
+    t = cost.seconds()
+    assert t(1) == pytest.approx(0.010) and t(2) == pytest.approx(0.020)

@@ -129,3 +129,31 @@ def test_a_chunk_sent_again_while_it_runs_gets_the_same_answer():
     finally:
         service.close()
     assert_consistent(runtime, engine)
+
+
+def test_a_chunks_answer_is_advised_from_the_sessions_last_drafted_round(monkeypatch):
+    """The advice grows at most to twice the last draft and one: rounds without a draft
+    leave that draft as it was, so a probe after chunks is advised what drafting earned."""
+    _, engine, scheduler = build()
+    last_drafts = []
+    advise = engine.advisor.advise
+
+    def recording(acceptance, max_draft, last_draft=0):
+        last_drafts.append(last_draft)
+        return advise(acceptance, max_draft, last_draft)
+
+    monkeypatch.setattr(engine.advisor, "advise", recording)
+    service = VerifierService(scheduler)
+
+    async def scenario():
+        session = await open_session(scheduler, "drafts, then a chunk")
+        (drafted,) = await drive(scheduler, scheduler.verify(verify_request(session, [5, 6, 7])))
+        session["n_past"] = drafted.total_tokens
+        await drive(scheduler, service.verify(chunk_request(session, 3), "anonymous"))
+
+    try:
+        run(scenario())
+    finally:
+        service.close()
+    assert last_drafts[0] == 0  # the prompt's answer: nothing drafted yet
+    assert last_drafts[1:] == [3] * (len(last_drafts) - 1) and len(last_drafts) == 5

@@ -249,3 +249,29 @@ def test_advice_above_0_still_chunks_where_measured_drafted_rounds_come_slower()
             length.update(k, k // 2)
             length.observe(timing(k + 1, 0.012, 0.2, 0.0, ahead=True, tokens=k // 2 + 1))
     assert length.chunking and length.next() == 0
+
+
+def test_auto_drafts_again_once_the_link_that_made_chunks_faster_is_gone():
+    """A slow link made chunks faster; then the link turns fast. The drafted rounds
+    measured on the slow link age while chunks are sent, and auto drafts again."""
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+
+    def rounds(n: int, link_s: float) -> list[int]:
+        sent = []
+        for _ in range(n):
+            k = length.next()
+            sent.append(k)
+            length.advise(3)
+            if k == 0:
+                m = length.chunk()
+                length.update(0, 0)
+                length.observe(
+                    RoundTiming(1, m * 0.02, m * 0.02 + link_s, 0.0, False, steps=m, tokens=m)
+                )
+            else:
+                length.update(k, k)
+                length.observe(timing(k + 1, 0.021, link_s, 0.0, ahead=True, tokens=k + 1))
+        return sent
+
+    assert rounds(60, link_s=0.5)[-10:].count(0) >= 8  # chunks, the odd probe
+    assert rounds(60, link_s=0.001)[-20:].count(0) == 0
