@@ -75,6 +75,8 @@ HostOpt = Annotated[str | None, _flag("host")]
 PortOpt = Annotated[int | None, _flag("port")]
 ParallelOpt = Annotated[int | None, _flag("parallel")]
 QueueOpt = Annotated[int | None, _flag("queue")]
+ServeApiKeyOpt = Annotated[str | None, _flag("serve_api_key")]
+CorsOriginOpt = Annotated[list[str] | None, _flag("cors_origins", "--cors-origin")]
 
 app = typer.Typer(
     add_completion=False,
@@ -180,6 +182,8 @@ def serve(
     verbose: VerboseOpt = None,
     parallel: ParallelOpt = None,
     queue: QueueOpt = None,
+    serve_api_key: ServeApiKeyOpt = None,
+    cors_origins: CorsOriginOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
     each request decoded speculatively against --server."""

@@ -279,15 +279,16 @@ class LinkAwareLength:
             self.chunking = True
         elif self.advised is not None:
             # A draft pays the verifier. Whether it pays this user too: what differs is
-            # the link, paid once a chunk, and the drafting, weighed with what a round
-            # of one row and one of this length cost now (the verifier has priced the
-            # rows: a drafted round of one length only tells of no difference).
+            # the link, paid once a chunk, and the drafting. The verifier has priced the
+            # rows, so a round of any length, and a chunk's every step, costs what a
+            # round does now: a pass the other sessions fill (the line of rows run down
+            # to one row would price a step at a fraction of the pass it waits for).
             flat = self.verifier_s(ceiling + 1)
             drafted = self._draft_rate.rate or max(
                 self.expected_tokens_per_s(self.k, False, flat),
                 self.expected_tokens_per_s(self.k_ahead, True, flat),
             )
-            chunks = self.chunk_tokens_per_s(self.verifier_s(1))
+            chunks = self.chunk_tokens_per_s(flat)
             self.chunking = measured and chunks > CHUNK_MARGIN * drafted
         elif not measured:
             self.chunking = False

@@ -28,7 +28,13 @@ from drafter.remote_session import RemoteSessions
 from drafter.speculation import SpeculationCache
 from drafter.stats import GenerationStats
 from drafter.warming import Warming
-from server.shared.protocol import PrefillRequest, PrefillResponse, VerifyRequest, VerifyResponse
+from server.shared.protocol import (
+    PrefillRequest,
+    PrefillResponse,
+    TokenLogprob,
+    VerifyRequest,
+    VerifyResponse,
+)
 from server.shared.sampling import sparse
 
 FinishReason = Literal["eos", "max_tokens", "context_full", "interrupted"]
@@ -62,6 +68,7 @@ class RoundEvent:
     accepted_prefix_len: int
     tokens: list[int]  # committed this round: accepted drafts, then the target's token
     eos: bool
+    logprobs: list[TokenLogprob] | None = None  # one a token, where the prefill asked
 
 
 @dataclass
@@ -262,6 +269,7 @@ class SpeculativeLoop:
             accepted_prefix_len=verdict.accepted_prefix_len,
             tokens=list(verdict.tokens),
             eos=verdict.eos,
+            logprobs=verdict.logprobs,
         )
 
     def _verify(

@@ -178,6 +178,18 @@ class DrafterSettings(BaseSettings):
     queue: int = Field(
         8, ge=0, description="Requests `serve` keeps waiting beyond --parallel; more get 429."
     )
+    serve_api_key: str | None = Field(
+        None,
+        description="The key `serve`'s clients must send (Authorization: Bearer KEY, the "
+        "OpenAI client's api_key), else 401; none: anyone who reaches its port may use it. "
+        "Not the verifier's key (--api-key).",
+    )
+    cors_origins: list[str] = Field(
+        [],
+        description="A browser origin allowed to call `serve` (CORS), e.g. "
+        "http://localhost:3000, or '*' for any; repeat the flag for more "
+        "(DRAFTER_CORS_ORIGINS: a JSON list).",
+    )
 
     @field_validator("draft_n", mode="before")
     @classmethod

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from scripts.harness.local import LocalVerifier
@@ -101,7 +102,15 @@ class ReferenceDecoder:
             t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)
         }
 
-    def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    def greedy(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        adjust: Callable[[list[int], np.ndarray], np.ndarray] | None = None,
+    ) -> list[int]:
+        """`adjust(generated, logits)`: the logits as the argmax is to see them, given the
+        tokens generated so far (penalties, biases), applied through llama-cpp-python's
+        own logits-processor hook."""
         # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
@@ -109,8 +118,13 @@ class ReferenceDecoder:
             self.llm.eval(prompt_ids[:-1])
         self.llm.eval(prompt_ids[-1:])
         out: list[int] = []
+        processors = None
+        if adjust is not None:
+            from llama_cpp import LogitsProcessorList
+
+            processors = LogitsProcessorList([lambda _, scores: adjust(out, scores)])
         while len(out) < max_tokens:
-            token = self.llm.sample(temp=0.0)
+            token = self.llm.sample(temp=0.0, logits_processor=processors)
             out.append(token)
             if token in self.eog_ids:
                 break

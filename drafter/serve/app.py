@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from drafter.serve.access import add_access
 from drafter.serve.backend import SpeculativeBackend
-from drafter.serve.errors import OpenAIError, install_error_handlers
-from drafter.serve.routes import router
+from drafter.serve.errors import install_error_handlers, send_openai_error
+from drafter.serve.routes import health_router, router
 from drafter.settings import DrafterSettings
 from server.shared.request_body import BodyLimit
 
@@ -28,16 +28,6 @@ log = logging.getLogger("drafter.serve")
 
 MAX_BODY_BYTES = 4 << 20
 BODY_TIMEOUT_S = 30.0
-
-
-async def _reject(send, status: int, code: str, message: str) -> None:
-    error_type = "invalid_request_error" if status < 500 else "server_error"
-    body = json.dumps(OpenAIError(status, message, error_type, code).body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    if status in (408, 413):
-        headers.append((b"connection", b"close"))  # the rest of the body is not read
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 def create_app(settings: DrafterSettings) -> FastAPI:
@@ -51,10 +41,15 @@ def create_app(settings: DrafterSettings) -> FastAPI:
     app = FastAPI(title="hetero-specdecode local OpenAI API", lifespan=lifespan)
     app.state.backend = backend
     install_error_handlers(app)
-    app.include_router(router)
+    app.include_router(health_router)
+    app.include_router(router, prefix="/v1")
+    app.include_router(router, include_in_schema=False)  # the paths local servers also take
     app.add_middleware(
-        BodyLimit, max_bytes=MAX_BODY_BYTES, timeout_s=BODY_TIMEOUT_S, reject=_reject
+        BodyLimit, max_bytes=MAX_BODY_BYTES, timeout_s=BODY_TIMEOUT_S, reject=send_openai_error
     )
+    # Outside the body limit: an unknown caller is refused before its body is read; and
+    # outside that, CORS, so that a browser can read even a refusal.
+    add_access(app, settings)
     return app
 
 

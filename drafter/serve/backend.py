@@ -11,24 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from drafter.model import DraftModel
 from drafter.runner import connect, load_checked_drafter, speculative_loop
 from drafter.serve.errors import PromptTooLong
-from drafter.serve.protocol import SpeculativeFigures, Usage
+from drafter.serve.responses import SpeculativeFigures
 from drafter.serve.slots import GenerationSlot, SlotPool
-from drafter.serve.stops import StopScanner
+from drafter.serve.text_out import Emit, TextOut
 from drafter.settings import DrafterSettings
-from drafter.text import TextDecoder
 from server.shared.prefix import common_prefix_len
 from server.shared.protocol import InfoResponse, PrefillRequest
 
 log = logging.getLogger("drafter.serve")
+
+
+def fingerprint(info: InfoResponse, draft_model: str) -> str:
+    """OpenAI's `system_fingerprint`: the same while the models and the verifier's build of
+    them are, so that a client can tell when the same request may answer otherwise."""
+    parts = (info.model, info.quantization, info.vocab_hash, str(info.batch_invariant))
+    digest = hashlib.sha256("\0".join((*parts, draft_model)).encode()).hexdigest()
+    return f"fp_{digest[:12]}"
 
 
 @dataclass
@@ -41,14 +48,6 @@ class Finished:
     finish_reason: str = "stop"
     figures: SpeculativeFigures | None = None
 
-    def usage(self) -> Usage:
-        return Usage(
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            total_tokens=self.prompt_tokens + self.completion_tokens,
-            prompt_tokens_details={"cached_tokens": self.cached_tokens},
-        )
-
 
 @dataclass
 class Generation:
@@ -58,7 +57,7 @@ class Generation:
     prompt_ids: list[int]  # the prompt as the draft model tokenizes it
     max_tokens: int
     stop: list[str]
-    emit: Callable[[str], None]
+    emit: Emit  # text, with the logprobs of the tokens it begins
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -68,6 +67,7 @@ class SpeculativeBackend:
         self.pool: SlotPool | None = None
         self.info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
+        self.system_fingerprint = ""
         self._loading = asyncio.Lock()
         self._workers = ThreadPoolExecutor(settings.parallel, thread_name_prefix="generation")
         self._running: set[threading.Event] = set()
@@ -103,6 +103,7 @@ class SpeculativeBackend:
             raise
         models = [first, *(DraftModel.on(first.context, i) for i in range(1, parallel))]
         self.model_id = self.info.model
+        self.system_fingerprint = fingerprint(self.info, first.name)
         if note:
             log.info("%s", note)
         log.info(
@@ -179,20 +180,15 @@ class SpeculativeBackend:
         if model.decodes_alone:
             model.reset()
         draft_cached = common_prefix_len(model.cached_tokens, generation.prompt_ids)
-        decoder = TextDecoder(model.token_bytes)
-        scanner = StopScanner(generation.stop)
+        out = TextOut(model.token_bytes, generation.stop, generation.emit)
         rounds = loop.run(prefill, generation.max_tokens)
         with contextlib.closing(rounds):  # closing the loop ends the verifier session
             for event in rounds:
-                text = scanner.feed(decoder.feed(event.tokens))
-                if text:
-                    generation.emit(text)
-                if scanner.stopped or generation.cancel.is_set():
+                out.feed(event.tokens, event.logprobs)
+                if out.stopped or generation.cancel.is_set():
                     break
             else:
-                tail = scanner.feed(decoder.flush()) + scanner.flush()
-                if tail:
-                    generation.emit(tail)
+                out.finish()
         result = loop.result
         stats = result.stats
         if generation.cancel.is_set():
@@ -210,7 +206,7 @@ class SpeculativeBackend:
             prompt_tokens=stats.prompt_tokens,
             cached_tokens=stats.cached_prompt_tokens,
             completion_tokens=len(result.tokens),
-            finish_reason="stop" if scanner.stopped or result.finish_reason == "eos" else "length",
+            finish_reason="stop" if out.stopped or result.finish_reason == "eos" else "length",
             figures=SpeculativeFigures(
                 strategy=result.strategy,
                 lossless=result.lossless,

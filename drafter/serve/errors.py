@@ -4,6 +4,7 @@ bodies and anything unexpected included; no body is longer than a few hundred by
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,23 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+async def send_openai_error(
+    send, status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    """The same error shape from pure ASGI code (the body limit, the key guard)."""
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    body = json.dumps(OpenAIError(status, message, error_type, code).body()).encode()
+    all_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        *headers,
+    ]
+    if status in (408, 413):
+        all_headers.append((b"connection", b"close"))  # the rest of the body is not read
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -102,9 +120,21 @@ def describe_validation(errors: Sequence[dict[str, Any]]) -> OpenAIError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return invalid_request("the request body is not valid JSON", code="invalid_json")
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    where = ".".join(str(p) for p in loc if not _tag(p))
+    message = first.get("msg", "invalid")
+    if any(_tag(p) for p in loc):  # a field of several forms: the first form's complaint
+        message = f"not any form this field takes (as the first: {message})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return invalid_request(f"{where}: {first.get('msg', 'invalid')}{more}", param=where or None)
+    return invalid_request(f"{where}: {message}{more}", param=where or None)
+
+
+def _tag(part: object) -> bool:
+    """A part of a pydantic location that names which type of a union failed
+    (`function-after[...]`, `list[TextPart]`, `str`), not a field: left out of `param`."""
+    return isinstance(part, str) and (
+        not part.isidentifier() or part in {"str", "int", "float", "bool", "list", "dict"}
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

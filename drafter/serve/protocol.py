@@ -9,15 +9,35 @@ has (`unknown_fields`: `max_token` is a 400 that suggests `max_tokens`).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from server.shared.protocol import MIN_TEMPERATURE, SamplingParams
+from server.shared.protocol import (
+    MAX_LOGIT_BIAS,
+    MAX_TOP_LOGPROBS,
+    MIN_TEMPERATURE,
+    LogitBias,
+    SamplingParams,
+    TokenId,
+)
 
 MAX_STOPS = 4  # OpenAI's own limit
 MAX_STOP_CHARS = 1000
 MAX_PROMPT_CHARS = 1 << 20
+MAX_PROMPT_TOKENS = 1 << 20
+# Choices of one request (prompts times n), generated one after another.
+MAX_CHOICES = 16
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's own limit
+MAX_TOOL_CALLS = 128
 
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
@@ -42,30 +62,36 @@ class StreamOptions(BaseModel):
 
 # Request fields that would change the output, with the value that changes nothing.
 UNSUPPORTED: dict[str, Any] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
-    "suffix": (None, ""),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
+    "prediction": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "web_search_options": (None,),
 }
 
 
 # Request fields of OpenAI's API that change nothing here: accepted and ignored.
 IGNORED = frozenset(
-    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "parallel_tool_calls",  # no tools are called here
+    }
 )
 # Fields of llama.cpp's server that its clients send: not supported here, refused unless
 # they hold the value that changes nothing.
 LOCAL_SERVER_FIELDS: dict[str, Any] = {
-    "top_k": (None, 0),
     "min_p": (None, 0, 0.0),
     "typical_p": (None, 1, 1.0),
     "repeat_penalty": (None, 1, 1.0),
@@ -88,7 +114,14 @@ class _Request(BaseModel):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only 1")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, one after another")
+    # On the verifier's distribution, row by row (server/shared/penalties.py).
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[Annotated[int, Field(ge=0, lt=2**31)], LogitBias] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS
+    )
+    top_k: int = Field(0, ge=0, le=1 << 20)  # llama.cpp's field: 0 is off
 
     @field_validator("stop")
     @classmethod
@@ -123,18 +156,60 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self) -> SamplingParams:
-        """The verifier's sampling: a temperature below MIN_TEMPERATURE is greedy here, as
-        OpenAI-style servers (vLLM) read it."""
+    def sampling(self, choice: int = 0) -> SamplingParams:
+        """The verifier's sampling for the request's `choice`-th choice: a temperature
+        below MIN_TEMPERATURE is greedy here, as OpenAI-style servers (vLLM) read it; a
+        seed is the first choice's, and one more each choice after it."""
         temperature = self.temperature if self.temperature >= MIN_TEMPERATURE else 0.0
+        seed = None if self.seed is None else (self.seed + choice) % 2**63
         return SamplingParams(
-            temperature=temperature, top_p=self.top_p if temperature else 1.0, seed=self.seed
+            temperature=temperature,
+            top_k=self.top_k if temperature else 0,
+            top_p=self.top_p if temperature else 1.0,
+            seed=seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias or {},
         )
+
+    def logprobs_top(self) -> int | None:
+        """How many likeliest tokens to show with each generated token's logprob (None:
+        no logprobs)."""
+        raise NotImplementedError
+
+
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
 
 
 class CompletionRequest(_Request):
-    prompt: Text
+    # A text, texts, token ids (the model's), or lists of them: a choice (n of them) each.
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_CHOICES)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_CHOICES)]
+    )
     max_tokens: int | None = Field(16, ge=1)  # the OpenAI default for completions
+    echo: bool = False
+    suffix: Text | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _choices_fit(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} choices (prompts times n) a request")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported: no prompt logprobs here")
+        return self
+
+    def logprobs_top(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
 
 
 class TextPart(BaseModel):
@@ -144,118 +219,65 @@ class TextPart(BaseModel):
     text: Text
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Text
+    arguments: Text  # JSON, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Text | list[TextPart]
+    # None only in an assistant's message that calls tools (a conversation replayed).
+    content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)
+    tool_call_id: Text | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, except in an assistant's tool calls")
+        return self
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        """The message as the chat template gets it; an assistant's tool calls after its
+        text, each as the Hermes format writes one (`<tool_call>` JSON `</tool_call>`)."""
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
+        else:
+            text = "".join(part.text for part in self.content)
+        for call in self.tool_calls or ():
+            try:
+                arguments = json.loads(call.function.arguments)
+            except ValueError:  # as the model wrote it, if it wrote no JSON
+                arguments = call.function.arguments
+            called = json.dumps({"name": call.function.name, "arguments": arguments})
+            text += f"\n<tool_call>\n{called}\n</tool_call>"
+        return text.lstrip("\n")
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
+    @model_validator(mode="after")
+    def _logprobs_asked(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
-# -- responses --------------------------------------------------------------------------
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # the verifier's reuse of an earlier prompt's prefix
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
-
-
-class SpeculativeFigures(BaseModel):
-    """Extension field: what the speculative loop did for this response."""
-
-    strategy: str
-    lossless: bool
-    vocab: str = "same"  # the drafter's vocabulary against the verifier's
-    rounds: int
-    drafted: int
-    accepted: int
-    acceptance_rate: float
-    tokens_per_round: float
-    recoveries: int
-    # Prompt tokens the draft model still had in its cache from an earlier request.
-    draft_cached_tokens: int = 0
-
-
-FinishReason = Literal["stop", "length"]
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: FinishReason | None
-    logprobs: None = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: FinishReason
-    logprobs: None = None
-
-
-class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: Delta
-    finish_reason: FinishReason | None
-    logprobs: None = None
-
-
-class _Response(BaseModel):
-    id: str
-    created: int
-    model: str
-    usage: Usage | None = None
-    speculative: SpeculativeFigures | None = None
-
-
-class Completion(_Response):
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
-
-
-class ChatCompletion(_Response):
-    object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
-
-
-class ChatCompletionChunk(_Response):
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = 0
-    owned_by: str = "hetero-specdecode"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
+    def logprobs_top(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

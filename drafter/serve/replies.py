@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,19 +17,14 @@ from fastapi import Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from drafter.model import DraftModel
-from drafter.serve.backend import Finished, Generation, SpeculativeBackend
+from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.errors import as_openai_error, invalid_request
-from drafter.serve.protocol import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    Completion,
-    CompletionChoice,
-    Delta,
-    _Request,
-)
+from drafter.serve.prompts import Prompted
+from drafter.serve.protocol import _Request
+from drafter.serve.responses import ChatCompletion, Completion
+from drafter.serve.shapes import Answered, Reply
+from drafter.serve.slots import SlotPool
+from drafter.serve.text_out import Spelled
 from server.shared.protocol import PrefillRequest
 from server.shared.strict import did_you_mean
 
@@ -40,72 +33,46 @@ T = TypeVar("T")
 SEND_TIMEOUT_S = 30.0
 # The end of a generation in its event queue (after every text it emitted).
 _DONE = object()
-# How a request's prompt is made from the draft model: (prompt text, add BOS?).
-Render = Callable[[DraftModel], tuple[str, bool]]
+# A request's prompts, made ready with the draft model (drafter/serve/prompts.py).
+Render = Callable[[DraftModel], list[Prompted]]
 
 
 @dataclass(frozen=True)
-class Reply:
-    """The OpenAI shapes of one response: whole, or as stream chunks."""
+class Choice:
+    """One choice to generate: its index in the response, its prompt, and which of that
+    prompt's n choices it is (a seed is offset by it)."""
 
-    response_id: str
-    created: int
-    model: str
-    chat: bool
-
-    @classmethod
-    def new(cls, model: str, chat: bool) -> Reply:
-        prefix = "chatcmpl" if chat else "cmpl"
-        return cls(f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time()), model, chat)
-
-    def _ids(self) -> dict:
-        return {"id": self.response_id, "created": self.created, "model": self.model}
-
-    def whole(self, text: str, finished: Finished) -> Completion | ChatCompletion:
-        extra = {"usage": finished.usage(), "speculative": finished.figures}
-        if self.chat:
-            choice = ChatChoice(
-                message=AssistantMessage(content=text), finish_reason=finished.finish_reason
-            )
-            return ChatCompletion(**self._ids(), choices=[choice], **extra)
-        choice = CompletionChoice(text=text, finish_reason=finished.finish_reason)
-        return Completion(**self._ids(), choices=[choice], **extra)
-
-    def chunk(self, text: str | None, finished: Finished | None = None) -> str:
-        """A text chunk; the last one (`finished` given) carries the finish reason and the
-        speculative figures."""
-        finish = finished.finish_reason if finished is not None else None
-        extra = {"speculative": finished.figures} if finished is not None else {}
-        if self.chat:
-            delta = Delta(role="assistant", content=text) if text is not None else Delta()
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish)
-            body = ChatCompletionChunk(**self._ids(), choices=[choice], **extra)
-        else:
-            body = Completion(
-                **self._ids(),
-                choices=[CompletionChoice(text=text or "", finish_reason=finish)],
-                **extra,
-            )
-        return body.model_dump_json(exclude_none=True)
-
-    def usage_chunk(self, finished: Finished) -> str:
-        """`stream_options.include_usage`: a last chunk with no choices and the usage."""
-        kind = ChatCompletionChunk if self.chat else Completion
-        return kind(**self._ids(), choices=[], usage=finished.usage()).model_dump_json(
-            exclude_none=True
-        )
+    index: int
+    prompted: Prompted
+    nth: int
 
 
-async def answer(
-    http: Request,
-    backend: SpeculativeBackend,
-    request: _Request,
-    render: Render,
-    max_tokens: int,
-    *,
-    chat: bool,
-) -> Response | Completion | ChatCompletion:
-    """The request's response: admitted, generated, whole or streamed."""
+@dataclass
+class Started:
+    """A choice's generation, running on a slot; its texts arrive in `events`."""
+
+    choice: Choice
+    generation: Generation
+    running: asyncio.Future
+    events: asyncio.Queue
+
+    def answered(self, text: str = "", logprobs: list[Spelled] | None = None) -> Answered:
+        """The choice, once it is done (its result raises if it failed)."""
+        finished = self.running.result()
+        return Answered(self.choice.index, text, finished, self.choice.nth == 0, logprobs)
+
+    def whole(self, wants_logprobs: bool) -> Answered:
+        """The choice whole, once it is done: its text, and the logprobs if asked for."""
+        texts, logprobs = [self.choice.prompted.echo], []
+        while (item := self.events.get_nowait()) is not _DONE:
+            texts.append(item[0])
+            logprobs += item[1]
+        return self.answered("".join(texts), logprobs if wants_logprobs else None)
+
+
+def check_fields(request: _Request) -> None:
+    """Every field is honoured or refused: a name no API has, or one not supported here,
+    is a 400 naming it."""
     unknown = request.unknown_fields()
     if unknown:
         raise invalid_request(
@@ -120,75 +87,144 @@ async def answer(
             param=unsupported[0],
             code="unsupported_parameter",
         )
+
+
+async def answer(
+    http: Request,
+    backend: SpeculativeBackend,
+    request: _Request,
+    render: Render,
+    max_tokens: int,
+    *,
+    chat: bool,
+) -> Response | Completion | ChatCompletion:
+    """The request's response: each choice admitted, given a slot and generated, one after
+    another; returned whole or streamed."""
+    check_fields(request)
     try:
         pool = await backend.ready()
-        model = pool.slots[0].model
-        prompt, add_bos = render(model)
         # Off the event loop: a long prompt takes a while to tokenize.
-        prompt_ids = await asyncio.to_thread(model.runtime.tokenize, prompt, add_special=add_bos)
-        backend.check_prompt(prompt_ids)
-        pool.admit()
+        prompts = await asyncio.to_thread(render, pool.slots[0].model)
+        for prompted in prompts:
+            backend.check_prompt(prompted.prompt_ids)
     except Exception as exc:
         raise as_openai_error(exc) from exc
-    events: asyncio.Queue = asyncio.Queue()  # texts, then _DONE
-    loop = asyncio.get_running_loop()
-    generation = Generation(
-        prefill=PrefillRequest(prompt=prompt, add_bos=add_bos, sampling=request.sampling()),
-        prompt_ids=prompt_ids,
-        max_tokens=max_tokens,
-        stop=request.stop_list(),
-        emit=lambda text: loop.call_soon_threadsafe(events.put_nowait, text),
-    )
+    choices = [
+        Choice(i * request.n + nth, prompted, nth)
+        for i, prompted in enumerate(prompts)
+        for nth in range(request.n)
+    ]
+    reply = Reply.new(backend.model_id, backend.system_fingerprint, chat)
     gone = asyncio.create_task(until_disconnected(http))
-    gone.add_done_callback(lambda _: generation.cancel.set())
+
+    async def begin(choice: Choice) -> Started | None:
+        return await begin_choice(backend, pool, request, choice, max_tokens, gone)
+
     try:
-        slot = await first_unless_gone(pool.acquire(prompt_ids), gone, pool.release)
-        if slot is None:  # the client left while queued: nobody to answer
-            return Response(status_code=499)
-        running = backend.start(slot, generation)  # from here the slot is its
+        started = await begin(choices[0])
+    except Exception as exc:
+        gone.cancel()
+        raise as_openai_error(exc) from exc
     except BaseException:
         gone.cancel()
         raise
-    running.add_done_callback(lambda _: events.put_nowait(_DONE))
-    reply = Reply.new(backend.model_id, chat)
+    if started is None:  # the client left while queued: nobody to answer
+        gone.cancel()
+        return Response(status_code=499)
     if request.stream:
-        frames = stream(reply, generation, running, events, gone, request.include_usage)
+        wants_logprobs = request.logprobs_top() is not None
+        frames = stream(
+            reply, started, choices[1:], begin, gone, request.include_usage, wants_logprobs
+        )
         return EventSourceResponse(frames, sep="\n", send_timeout=SEND_TIMEOUT_S)
+    answered: list[Answered] = []
     try:
-        finished = await asyncio.shield(running)  # a cancelled request must not orphan it
+        while True:
+            # Shielded: a cancelled request must not orphan the generation.
+            await asyncio.shield(started.running)
+            answered.append(started.whole(request.logprobs_top() is not None))
+            if len(answered) == len(choices):
+                return reply.whole(answered)
+            started = await begin(choices[len(answered)])
+            if started is None:
+                return Response(status_code=499)
     except Exception as exc:
         raise as_openai_error(exc) from exc
     finally:
-        generation.cancel.set()  # a no-op once done; stops it if this request is cancelled
+        if started is not None:
+            started.generation.cancel.set()  # a no-op once done; stops it if cancelled
         gone.cancel()
-    pieces = []
-    while (text := events.get_nowait()) is not _DONE:
-        pieces.append(text)
-    return reply.whole("".join(pieces), finished)
+
+
+async def begin_choice(
+    backend: SpeculativeBackend,
+    pool: SlotPool,
+    request: _Request,
+    choice: Choice,
+    max_tokens: int,
+    gone: asyncio.Task,
+) -> Started | None:
+    """The choice admitted (QueueFull at once if the queue is full), given a slot, and
+    started; None if the client leaves while it waits."""
+    pool.admit()
+    events: asyncio.Queue = asyncio.Queue()  # (text, logprobs) pairs, then _DONE
+    loop = asyncio.get_running_loop()
+    prompt = choice.prompted.verifier_input.model_dump(exclude_none=True)
+    generation = Generation(
+        prefill=PrefillRequest(
+            **prompt, sampling=request.sampling(choice.nth), logprobs=request.logprobs_top()
+        ),
+        prompt_ids=choice.prompted.prompt_ids,
+        max_tokens=max_tokens,
+        stop=request.stop_list(),
+        emit=lambda text, spelled: loop.call_soon_threadsafe(events.put_nowait, (text, spelled)),
+    )
+    gone.add_done_callback(lambda _: generation.cancel.set())
+    slot = await first_unless_gone(pool.acquire(generation.prompt_ids), gone, pool.release)
+    if slot is None:
+        return None
+    running = backend.start(slot, generation)  # from here the slot is its
+    running.add_done_callback(lambda _: events.put_nowait(_DONE))
+    return Started(choice, generation, running, events)
 
 
 async def stream(
     reply: Reply,
-    generation: Generation,
-    running: asyncio.Future,
-    events: asyncio.Queue,
+    started: Started | None,
+    rest: list[Choice],
+    begin: Callable[[Choice], Awaitable[Started | None]],
     gone: asyncio.Task,
     include_usage: bool,
+    wants_logprobs: bool,
 ) -> AsyncIterator[ServerSentEvent]:
+    """Each choice's chunks in turn, then the usage if asked for, then [DONE]; a choice
+    that fails, or cannot begin, is an error event before [DONE]."""
+    answered: list[Answered] = []
     try:
-        while (text := await events.get()) is not _DONE:
-            yield ServerSentEvent(data=reply.chunk(text))
-        try:
-            finished = running.result()
-        except Exception as exc:
-            yield ServerSentEvent(data=as_openai_error(exc).response().body.decode())
+        while started is not None:
+            index = started.choice.index
+            if (opening := reply.opening(index)) is not None:
+                yield ServerSentEvent(data=opening)
+            if echo := started.choice.prompted.echo:
+                yield ServerSentEvent(data=reply.chunk(index, echo))
+            while (item := await started.events.get()) is not _DONE:
+                text, spelled = item
+                shown = spelled if wants_logprobs else None
+                yield ServerSentEvent(data=reply.chunk(index, text, logprobs=shown))
+            try:
+                answered.append(started.answered())
+                yield ServerSentEvent(data=reply.chunk(index, None, started.running.result()))
+                started = await begin(rest.pop(0)) if rest else None
+            except Exception as exc:
+                yield ServerSentEvent(data=as_openai_error(exc).response().body.decode())
+                break
         else:
-            yield ServerSentEvent(data=reply.chunk(None, finished))
             if include_usage:
-                yield ServerSentEvent(data=reply.usage_chunk(finished))
+                yield ServerSentEvent(data=reply.usage_chunk(answered))
         yield ServerSentEvent(data="[DONE]")
     finally:
-        generation.cancel.set()  # a no-op once done; stops it if the client left
+        if started is not None:
+            started.generation.cancel.set()  # a no-op once done; stops it if the client left
         gone.cancel()
 
 

@@ -10,15 +10,10 @@ from fastapi.responses import JSONResponse
 
 from drafter.model import DraftModel
 from drafter.serve.backend import SpeculativeBackend
-from drafter.serve.protocol import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-)
+from drafter.serve.prompts import Prompted, chat_prompts, completion_prompts
+from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
 from drafter.serve.replies import answer
+from drafter.serve.responses import ChatCompletion, Completion, ModelCard, ModelList
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 
@@ -28,10 +23,11 @@ async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thre
 
 
 BackendDep = Annotated[SpeculativeBackend, Depends(get_backend)]
-router = APIRouter()
+health_router = APIRouter()
+router = APIRouter()  # OpenAI's routes, under /v1 and without it
 
 
-@router.get("/health")
+@health_router.get("/health")
 async def health(backend: BackendDep) -> JSONResponse:
     """200 while the verifier answers, 503 with the reason when it does not."""
     verifier = await asyncio.to_thread(backend.verifier_health)
@@ -49,27 +45,25 @@ async def health(backend: BackendDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if verifier == "ok" else 503)
 
 
-@router.get("/v1/models")
+@router.get("/models")
 async def models(backend: BackendDep) -> ModelList:
     return ModelList(data=[ModelCard(id=backend.model_id)])
 
 
-@router.post("/v1/completions", response_model=Completion)
+@router.post("/completions", response_model=Completion)
 async def completions(http: Request, request: CompletionRequest, backend: BackendDep):
-    def render(_: DraftModel) -> tuple[str, bool]:
-        return request.prompt, True
+    def render(model: DraftModel) -> list[Prompted]:
+        assert backend.info is not None  # loaded before any prompt is rendered
+        return completion_prompts(model, request, backend.info.n_vocab)
 
     max_tokens = request.max_tokens or 16
     return await answer(http, backend, request, render, max_tokens, chat=False)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion)
+@router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(http: Request, request: ChatCompletionRequest, backend: BackendDep):
-    messages = [("system" if m.role == "developer" else m.role, m.text) for m in request.messages]
-
-    def render(model: DraftModel) -> tuple[str, bool]:
-        prompt = model.render_chat(messages)
-        return prompt, not model.starts_with_bos(prompt)
+    def render(model: DraftModel) -> list[Prompted]:
+        return chat_prompts(model, request)
 
     max_tokens = request.max_completion_tokens or request.max_tokens or DEFAULT_CHAT_MAX_TOKENS
     return await answer(http, backend, request, render, max_tokens, chat=True)

@@ -81,7 +81,7 @@ class LocalVerifier:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
         try:
             conn.request("GET", "/health")
-            return conn.getresponse().status == 200
+            return conn.getresponse().status in (200, 401)  # 401: up, with a key of its own
         except OSError:
             return False
         finally:
@@ -116,7 +116,7 @@ class LocalVerifier:
 
 class LocalServe:
     """`draft_token_generator serve` (the drafter's OpenAI endpoint) in a subprocess on
-    127.0.0.1, waited for (GET /v1/models); its log in a file (a pipe nobody reads would
+    127.0.0.1, waited for (GET /v1/models answered); its log in a file (a pipe nobody reads would
     fill up and stop it)."""
 
     def __init__(
@@ -160,7 +160,7 @@ class LocalServe:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
         try:
             conn.request("GET", path)
-            return conn.getresponse().status == 200
+            return conn.getresponse().status in (200, 401)  # 401: up, with a key of its own
         except OSError:
             return False
         finally:

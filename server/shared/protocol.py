@@ -6,6 +6,7 @@ changed here changes both ends at once.
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -54,6 +55,10 @@ MAX_DRAFT_SCHEMA = 256
 # A round without a draft may ask for this many of the verifier's own tokens at most.
 MAX_CHUNK_TOKENS = 64
 MAX_PROMPT_TOKENS_SCHEMA = 1 << 20
+MAX_LOGIT_BIAS = 1024  # tokens a logit_bias may name
+MAX_TOP_LOGPROBS = 20  # OpenAI's own limit
+MAX_GRAMMAR_CHARS = 1 << 16
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]
 
 
 class WireModel(BaseModel):
@@ -71,6 +76,10 @@ class ResponseModel(BaseModel):
 MIN_TEMPERATURE = 1e-5
 
 
+def _neutral(value: object) -> bool:
+    return not value
+
+
 class SamplingParams(WireModel):
     temperature: float = Field(
         0.0,
@@ -82,6 +91,31 @@ class SamplingParams(WireModel):
     top_k: int = Field(0, ge=0, le=1 << 20, description="0 = no top-k cut")
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="1 = no nucleus cut")
     seed: int | None = Field(None, ge=0, lt=2**63)
+    # Applied to the verifier's logits before the rest, row by row (the drafter's too, so
+    # that its drafts follow): OpenAI's and vLLM's meaning, server/shared/penalties.py.
+    # Left out of the JSON when neutral, so that a verifier older than them reads it.
+    presence_penalty: float = Field(
+        0.0,
+        exclude_if=_neutral,
+        ge=-2.0,
+        le=2.0,
+        allow_inf_nan=False,
+        description="subtracted from the logit of every token generated so far",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        exclude_if=_neutral,
+        ge=-2.0,
+        le=2.0,
+        allow_inf_nan=False,
+        description="subtracted from a token's logit once for each time it was generated",
+    )
+    logit_bias: dict[Annotated[int, Field(ge=0, lt=2**31)], LogitBias] = Field(
+        default_factory=dict,
+        exclude_if=_neutral,
+        max_length=MAX_LOGIT_BIAS,
+        description="token id -> a value added to its logit (-100 bans it, 100 all but forces it)",
+    )
 
     @field_validator("temperature")
     @classmethod
@@ -93,6 +127,29 @@ class SamplingParams(WireModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or biases change the logits (server/shared/penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+
+class Grammar(WireModel):
+    """A grammar the verifier decodes under (server/shared/constraint.py): its rows masked
+    to what the grammar allows after the tokens before them."""
+
+    kind: Literal["json_schema", "lark", "gbnf", "regex"]
+    source: str | dict = Field(
+        description="the grammar's text; for json_schema, the schema (an object, or its JSON)"
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _bounded(cls, source: str | dict) -> str | dict:
+        size = len(source) if isinstance(source, str) else len(json.dumps(source))
+        if size > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"a grammar of {size} characters; at most {MAX_GRAMMAR_CHARS}")
+        return source
 
 
 class PromptInput(WireModel):
@@ -114,6 +171,11 @@ class PromptInput(WireModel):
 
 class PrefillRequest(PromptInput):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    grammar: Grammar | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="decode under this grammar, every round (it travels once: here)",
+    )
     strategy: Strategy | None = Field(
         None,
         description="greedy (temperature 0, the default then), rejection (the default when "
@@ -121,6 +183,14 @@ class PrefillRequest(PromptInput):
     )
     threshold: float | None = Field(
         None, gt=0.0, le=1.0, description="with strategy=threshold: accept when p(x) >= this"
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        exclude_if=lambda v: v is None,
+        description="with each committed token, its log-probability under the verifier's "
+        "distribution and this many likeliest tokens' (0: its own only); none without it",
     )
     session_id: str | None = Field(
         None,
@@ -184,6 +254,14 @@ class RoundTimings(ResponseModel):
     decoded_tokens: int = Field(description="tokens evaluated for this round (k + 1)")
 
 
+class TokenLogprob(ResponseModel):
+    """A committed token's log-probability, and the likeliest tokens' at its position."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = Field(default_factory=list)
+
+
 class VerifyResponse(ResponseModel):
     accepted_prefix_len: int
     tokens: list[int] = Field(
@@ -203,11 +281,18 @@ class VerifyResponse(ResponseModel):
         "drafting cannot pay here now); from what its passes cost, how many sessions share "
         "them and this session's acceptance (docs/performance.md)",
     )
+    logprobs: list[TokenLogprob] | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="one for each of `tokens`, where the session asked for them (prefill's "
+        "logprobs)",
+    )
 
 
 class GenerateRequest(PromptInput):
     max_tokens: int = Field(64, ge=1, le=1 << 20)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    grammar: Grammar | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class GenerateTimings(ResponseModel):

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,26 @@ class LlamaVocab:
     @property
     def add_eos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
+
+    def grammar_tokenizer(self):
+        """The vocabulary as llguidance reads it, for constrained decoding (about a second
+        to build: built once, on first use; server/shared/constraint.py)."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        with warnings.catch_warnings():  # it reads each token's attributes by an older name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(self._vocab)
+
+    @property
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle), or None where the
+        vocabulary has none."""
+        ids = (
+            int(llama_cpp.llama_vocab_fim_pre(self._vocab)),
+            int(llama_cpp.llama_vocab_fim_suf(self._vocab)),
+            int(llama_cpp.llama_vocab_fim_mid(self._vocab)),
+        )
+        return None if min(ids) < 0 else ids
 
     @property
     def vocab_type(self) -> str:

@@ -40,12 +40,15 @@ PRIOR_REJECTED = 1.0
 ACCEPTANCE_DECAY = 0.9  # each round, the weight left to the rounds before it
 POOL_DECAY = 0.99  # the same, for the acceptance of every session's rounds together
 PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 50)
-# Lengths whose value is this near the best count as the best: the shortest of them is
-# advised (the curve and the acceptance are estimates, and a longer draft risks more
-# rows for what it wins), or the length sessions sharing passes were advised already (a
-# pass is as wide as its widest round, so one session's round of another length costs
-# every session's round padding or a pass of its own).
+# Lengths whose value is this near the best count as the best, and the shortest of them
+# is advised: the curve and the acceptance are estimates, and a longer draft costs what
+# the curve does not see (the drafter's time a token, a longer wait for every session in
+# the pass). Sessions sharing passes keep a shorter advice they hold until it is
+# HOLD_SHORTER from the best (a pass is as wide as its widest round, so advice that
+# flickers between two lengths pads every session's round), and leave a longer one as
+# soon as a shorter is near.
 NEAR_BEST = 0.03
+HOLD_SHORTER = 0.06
 # How many sessions a pass holds: up at once with a fuller pass, down as an average of
 # the recent ones (a few thin passes, while sessions' rounds are on their way, are not
 # the load falling).
@@ -96,15 +99,19 @@ def advised_draft(
     keep: int | None = None,
 ) -> int:
     """The k in [0, max_draft] with the most tokens per second of passes where `sharing`
-    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)`, to within
-    NEAR_BEST: `keep` if it is that near the best, else the shortest that is."""
+    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)`: the shortest
+    within NEAR_BEST of the best, or `keep` if it is shorter still and within
+    HOLD_SHORTER."""
     sharing = max(sharing, 1.0)
     values = [
         expected_tokens(acceptance, k) / max(seconds(sharing * (k + 1)), 1e-12)
         for k in range(max_draft + 1)
     ]
-    near = [k for k, value in enumerate(values) if value >= max(values) * (1 - NEAR_BEST)]
-    return keep if keep in near else near[0]
+    best = max(values)
+    shortest = next(k for k, value in enumerate(values) if value >= best * (1 - NEAR_BEST))
+    if keep is not None and keep < shortest and values[keep] >= best * (1 - HOLD_SHORTER):
+        return keep
+    return shortest
 
 
 def line_seconds(fixed_rows: float) -> Callable[[float], float]:

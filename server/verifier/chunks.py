@@ -46,6 +46,11 @@ class ChunkSteps:
                 "accepted_prefix_len": 0,
                 "tokens": [t for step in steps for t in step.tokens],
                 "preds": [t for step in steps for t in step.preds],
+                "logprobs": (
+                    None
+                    if steps[0].logprobs is None
+                    else [p for step in steps for p in step.logprobs or ()]
+                ),
                 "timings": RoundTimings(
                     decode_ms=round(sum(s.timings.decode_ms for s in steps), 3),
                     engine_ms=round(sum(s.timings.engine_ms for s in steps), 3),

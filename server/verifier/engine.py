@@ -26,9 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.shared import vocab
+from server.shared.constraint import Constraint, GrammarError, Grammars
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
+    Grammar,
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
@@ -56,6 +58,7 @@ from server.verifier.errors import (
     EmptyPrompt,
     InternalError,
     InvalidDraftProbs,
+    InvalidGrammar,
     SessionBusy,
 )
 from server.verifier.eviction import Eviction
@@ -117,6 +120,7 @@ class Engine:
             prior = self.shapes.pass_cost_rows
         self.pass_cost = PassCost(prior, report.pass_s)
         self.advisor = Advisor(self.pass_cost)
+        self.grammars = Grammars(runtime.grammar_tokenizer, runtime.n_vocab)
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -168,7 +172,9 @@ class Engine:
         """Validate and reserve a KV sequence; sessions in `keep` (work queued) are never
         evicted to make room."""
         strategy = resolve_strategy(request)
+        check_token_ids(list(request.sampling.logit_bias), self.runtime.n_vocab, "logit_bias")
         prompt_ids = self.prompt_ids(request)
+        constraint = session_constraint(self.grammars, request.grammar)
         session_id = request.session_id or uuid.uuid4().hex
         self.sessions.check_new_id(session_id)  # before anything is evicted for it
         reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep)
@@ -182,6 +188,8 @@ class Engine:
             threshold=request.threshold,
             rng=np.random.default_rng(request.sampling.seed),
             owner=owner,
+            logprobs=request.logprobs,
+            constraint=constraint,  # the grammar's state (compiled once per grammar)
         )
         work = PrefillWork(session, prompt_ids[:-1], reservation)
         self._prefills[session.seq_id] = work
@@ -360,3 +368,14 @@ def engine_info(engine: Engine) -> InfoResponse:
         prefix_cache=engine.prefix_cache,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )
+
+
+def session_constraint(grammars: Grammars, grammar: Grammar | None) -> Constraint | None:
+    """The grammar's state for a new session (compiled at its first use, a copy after: the
+    service compiles it off the engine thread first). Thread-safe."""
+    if grammar is None:
+        return None
+    try:
+        return grammars.constraint(grammar.kind, grammar.source)
+    except GrammarError as exc:
+        raise InvalidGrammar(f"grammar: {exc}") from None

@@ -66,6 +66,10 @@ class InvalidToken(APIError):
     error_type = "invalid_token"
 
 
+class InvalidGrammar(APIError):
+    error_type = "invalid_grammar"
+
+
 class DraftTooLong(APIError):
     error_type = "draft_too_long"
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import numpy as np
 
 from server.shared.acceptance import judge
-from server.shared.protocol import RoundTimings, Strategy, VerifyResponse
+from server.shared.penalties import adjusted_rows, token_logprobs
+from server.shared.protocol import RoundTimings, Strategy, TokenLogprob, VerifyResponse
 from server.verifier.advice import Acceptance
 from server.verifier.errors import NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
@@ -37,6 +38,10 @@ def finish_round(
     try:
         if not np.isfinite(logits).all():
             raise NonFiniteNumbers("the model's logits are not finite for this round")
+        generated = session.tokens[session.prompt_len :]
+        logits = adjusted_rows(logits, session.sampling, generated, work.draft_tokens)
+        if session.constraint is not None:
+            logits = session.constraint.mask_rows(logits, work.draft_tokens)
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
         verdict = judge(
             session.strategy,
@@ -69,7 +74,14 @@ def finish_round(
                 decoded_tokens=len(work.tokens),
             ),
             advised_draft=advised,
+            logprobs=(
+                None
+                if session.logprobs is None
+                else _logprobs(logits, verdict.tokens, session.logprobs)
+            ),
         )
+        if session.constraint is not None:  # last: nothing after it can fail
+            session.constraint.commit(verdict.tokens)
     except BaseException:
         if rng_state is not None:
             session.rng.bit_generator.state = rng_state
@@ -82,6 +94,15 @@ def finish_round(
     session.last_round_key, session.last_response = work.round_key, response
     session.work, work.closed = None, True
     return response
+
+
+def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Each committed token's, from the row it was chosen at (the i-th token at row i)."""
+    out = []
+    for row, token in zip(logits, tokens, strict=False):
+        logprob, best = token_logprobs(row, token, top)
+        out.append(TokenLogprob(token=token, logprob=logprob, top=best))
+    return out
 
 
 def record_answer(session: Session, key: tuple, response: VerifyResponse) -> None:

@@ -26,7 +26,7 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 from server.verifier.checks import routing_header, session_id_named
-from server.verifier.engine import Engine, engine_info
+from server.verifier.engine import Engine, engine_info, session_constraint
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
 from server.verifier.scheduler import BatchScheduler
@@ -63,7 +63,10 @@ class VerifierService:
     async def _tokenized(self, request: P, owner: str) -> P:
         """The request with its prompt text tokenized in the text pool: the engine thread
         only ever sees token ids. A text that cannot fit is refused untokenized, and so
-        is one past the key's TEXTS_PER_KEY (503, to retry)."""
+        is one past the key's TEXTS_PER_KEY (503, to retry). Its grammar is compiled there
+        too (checked, and kept for the engine to copy)."""
+        if request.grammar is not None:
+            await self._in_text_pool(session_constraint, self.engine.grammars, request.grammar)
         if request.prompt is None:
             return request
         limit = self.engine.max_prompt_chars
@@ -123,6 +126,7 @@ class VerifierService:
                 **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),
                 add_bos=request.add_bos,
                 sampling=request.sampling,
+                grammar=request.grammar,
                 # With no drafts every strategy is plain sampling from p: match needs no probs.
                 strategy=None if request.sampling.greedy else "match",
             ),

@@ -52,6 +52,8 @@ class Session:
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
+    logprobs: int | None = None  # with each committed token, its logprob and this many top
+    constraint: Any = None  # the grammar's state at the committed tokens (a Constraint)
     work: Any = None  # the round begun and not yet finished or undone (at most one)
 
     @property

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -21,7 +22,7 @@ from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from server.shared.defaults import REPO_ROOT
-from server.shared.protocol import PrefillRequest
+from server.shared.protocol import PrefillRequest, SamplingParams
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.fixtures.scripted_length import ScriptedLength
 
@@ -276,3 +277,57 @@ def test_console_script_streams_text_and_stats(live_verifier):
     ).json()["text"]
     assert completed.stdout.startswith(text)
     assert "tokens per round" in completed.stdout
+
+
+# Penalties and biases the verifier applies to its own rows (OpenAI's meaning): a token's
+# logit gets its bias, loses the presence penalty once generated, the frequency penalty
+# for each time.
+ADJUSTED = {"presence_penalty": 0.6, "frequency_penalty": 0.4}
+
+
+def naive_adjust(bias: dict[int, float]):
+    def adjust(generated: list[int], scores: np.ndarray) -> np.ndarray:
+        scores = scores.copy()
+        for token, value in bias.items():
+            scores[token] += value
+        for token in set(generated):
+            count = generated.count(token)
+            scores[token] -= ADJUSTED["frequency_penalty"] * count + ADJUSTED["presence_penalty"]
+        return scores
+
+    return adjust
+
+
+@pytest.mark.parametrize("name", ["plain-list", "chat-list"])
+def test_penalties_and_biases_over_every_kind_of_round_equal_the_verifier_alone(
+    live_verifier, drafter_model, expected, reference, name
+):
+    """Greedy under penalties and a bias: drafts of several lengths and chunks in turn
+    give the verifier's own /generate under them, and an independent decoding (llama-cpp-
+    python's, the adjustment written out naively in its logits hook)."""
+    prompt_ids, plain, _ = expected[name]
+    bias = {plain[1]: -100.0, plain[3]: 3.0}  # ban one token it wanted, push another
+    sampling = SamplingParams(**ADJUSTED, logit_bias=bias)
+    generated = httpx.post(
+        f"{live_verifier.url}/generate",
+        json={
+            "prompt_tokens": prompt_ids,
+            "max_tokens": NEW_TOKENS,
+            "sampling": sampling.model_dump(mode="json"),
+        },
+        timeout=120,
+    ).json()["tokens"]
+    assert generated != plain
+    assert generated == reference.greedy(prompt_ids, NEW_TOKENS, naive_adjust(bias))
+    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+    try:
+        with VerifierClient(live_verifier.url) as client:
+            loop = SpeculativeLoop(
+                model, client, draft_n=ScriptedLength(EVERY_KIND_OF_ROUND), n_ctx=TEST_N_CTX
+            )
+            request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False, sampling=sampling)
+            rounds = list(loop.run(request, NEW_TOKENS))
+    finally:
+        model.close()
+    assert loop.result.tokens == generated
+    assert any(r.accepted_prefix_len for r in rounds), "no draft was accepted"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -134,7 +135,7 @@ def test_errors_have_the_openai_shape(local_api):
         client.completions.create(model="any", prompt="hi", max_tokens=0)
     assert bad.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="any", prompt="hi", n=2)
+        client.completions.create(model="any", prompt="hi", n=17)
     with pytest.raises(openai.BadRequestError) as too_long:  # refused before taking a slot
         client.completions.create(model="any", prompt="word " * 1500, max_tokens=4)
     assert too_long.value.body["code"] == "context_length_exceeded"
@@ -169,3 +170,243 @@ def test_a_vocabulary_mismatch_is_a_clear_error(live_verifier, tmp_path):
         assert "tiny-test-llama" in error.value.body["message"]
     finally:
         api.stop()
+
+
+def sse_chunks(url: str, body: dict) -> list[dict]:
+    """The stream's events as JSON, read raw (as clients that parse it themselves do)."""
+    chunks = []
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def test_streams_have_the_shape_openai_sends(local_api, live_verifier):
+    """A chat stream opens with the role and no text; every chunk before the last says
+    `finish_reason: null`; every chunk has the same `system_fingerprint`; usage comes last
+    when asked for. Completions likewise, without the role."""
+    chat = sse_chunks(
+        f"{local_api.url}/chat/completions",
+        {
+            "model": "any",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    *with_choices, usage = chat
+    first, *texts, last = with_choices
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert texts and all(set(c["choices"][0]["delta"]) == {"content"} for c in texts)
+    for chunk in [first, *texts]:
+        assert chunk["choices"][0]["finish_reason"] is None
+        assert chunk["choices"][0]["logprobs"] is None
+        assert chunk["object"] == "chat.completion.chunk"
+    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    assert usage["choices"] == [] and 0 < usage["usage"]["completion_tokens"] <= 12
+    fingerprints = {c["system_fingerprint"] for c in chat}
+    assert len(fingerprints) == 1 and fingerprints.pop().startswith("fp_")
+    text = "".join(c["choices"][0]["delta"]["content"] for c in texts)
+    assert text == verifier_text(live_verifier, CHAT_PROMPT, 12)
+
+    completion = sse_chunks(
+        f"{local_api.url}/completions",
+        {"model": "any", "prompt": "The sky is", "max_tokens": 8, "stream": True},
+    )
+    assert all(c["choices"][0]["finish_reason"] is None for c in completion[:-1])
+    assert completion[-1]["choices"][0]["finish_reason"] == "length"
+    assert {c["system_fingerprint"] for c in completion} == {chat[0]["system_fingerprint"]}
+
+
+def test_whole_responses_carry_the_system_fingerprint(local_api):
+    result = local_api.client().chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+    )
+    assert result.system_fingerprint.startswith("fp_")
+
+
+def test_a_replayed_tool_conversation_is_accepted(local_api):
+    """An assistant's tool call (content null) and the tool's result, as agents send the
+    conversation back."""
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    result = local_api.client().chat.completions.create(
+        model="any",
+        messages=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": 21}'},
+        ],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert result.choices[0].message.content
+    assert result.usage.prompt_tokens > 30  # the call and its result are in the prompt
+
+
+def test_the_paths_without_v1_answer_like_the_paths_with_it(local_api, live_verifier):
+    bare = openai.OpenAI(
+        base_url=local_api.url.removesuffix("/v1"), api_key="x", max_retries=0, timeout=120
+    )
+    prompt = "The three laws of motion are"
+    result = bare.completions.create(model="any", prompt=prompt, max_tokens=8, temperature=0)
+    assert result.choices[0].text == verifier_text(live_verifier, prompt, 8)
+    assert len(bare.models.list().data) == 1
+
+
+def test_serve_with_a_key_of_its_own_refuses_clients_without_it(live_verifier):
+    api = LocalAPI(live_verifier.url, "--serve-api-key", "sk-mine")
+    try:
+        wrong = openai.OpenAI(base_url=api.url, api_key="sk-other", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as refused:
+            wrong.models.list()
+        assert refused.value.body["code"] == "invalid_api_key"
+        right = openai.OpenAI(base_url=api.url, api_key="sk-mine", max_retries=0, timeout=120)
+        result = right.completions.create(model="any", prompt="Hi", max_tokens=4, temperature=0)
+        assert result.usage.completion_tokens == 4
+    finally:
+        api.stop()
+
+
+def verifier_ids(live_verifier, prompt: str) -> list[int]:
+    return httpx.post(
+        f"{live_verifier.url}/generate", json={"prompt": prompt, "max_tokens": 1}, timeout=30
+    ).json()["prompt_ids"]
+
+
+def test_every_prompt_form_of_completions_answers_as_the_verifier_alone(local_api, live_verifier):
+    """A text, texts, token ids and lists of them: a choice each, in order, each equal to
+    the verifier's own greedy text; `echo` puts the prompt before it; usage counts all."""
+    first, second = "The capital of France is", "def add(a, b):"
+    expected = [verifier_text(live_verifier, p, 8) for p in (first, second)]
+    ids = [verifier_ids(live_verifier, p) for p in (first, second)]
+    client = local_api.client()
+    for prompt in ([first, second], ids, [ids[0], ids[1]]):
+        result = client.completions.create(model="any", prompt=prompt, max_tokens=8, temperature=0)
+        assert [c.index for c in result.choices] == [0, 1]
+        assert [c.text for c in result.choices] == expected
+        assert result.usage.completion_tokens == 16
+    single = client.completions.create(model="any", prompt=ids[0], max_tokens=8, temperature=0)
+    assert single.choices[0].text == expected[0]
+    echoed = client.completions.create(
+        model="any", prompt=[first, second], max_tokens=8, temperature=0, echo=True
+    )
+    assert [c.text for c in echoed.choices] == [first + expected[0], second + expected[1]]
+    echoed_ids = client.completions.create(
+        model="any", prompt=ids[1], max_tokens=8, temperature=0, echo=True
+    )
+    assert echoed_ids.choices[0].text == second + expected[1]
+    streamed = client.completions.create(
+        model="any", prompt=[first, second], max_tokens=8, temperature=0, echo=True, stream=True
+    )
+    texts = ["", ""]
+    for chunk in streamed:
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [first + expected[0], second + expected[1]]
+
+
+def test_n_choices_greedy_alike_seeded_reproducible(local_api, live_verifier):
+    client = local_api.client()
+    prompt = "Once upon a time"
+    greedy = client.completions.create(model="any", prompt=prompt, max_tokens=6, n=2, temperature=0)
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert (
+        greedy.choices[0].text == greedy.choices[1].text == verifier_text(live_verifier, prompt, 6)
+    )
+    assert greedy.usage.prompt_tokens == single_prompt_tokens(client, prompt)
+
+    def seeded():
+        result = client.chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=12,
+            n=3,
+            temperature=1.0,
+            seed=11,
+        )
+        return [c.message.content for c in result.choices]
+
+    first = seeded()
+    assert first == seeded()  # each choice its own seed, the same each time
+    assert len(set(first)) > 1
+
+
+def single_prompt_tokens(client: openai.OpenAI, prompt: str) -> int:
+    return client.completions.create(model="any", prompt=prompt, max_tokens=1).usage.prompt_tokens
+
+
+def test_suffix_and_ids_outside_the_vocabulary_are_400s_saying_why(local_api):
+    client = local_api.client()
+    with pytest.raises(openai.BadRequestError) as no_fim:
+        client.completions.create(model="any", prompt="def f(", suffix="return x", max_tokens=4)
+    assert no_fim.value.body["param"] == "suffix"
+    assert "fill-in-the-middle" in no_fim.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as outside:
+        client.completions.create(model="any", prompt=[1, 2, 10**7], max_tokens=4)
+    assert outside.value.body["param"] == "prompt"
+    assert outside.value.body["code"] == "invalid_token"
+
+
+def test_penalties_and_a_bias_give_the_verifiers_own_text_under_them(local_api, live_verifier):
+    prompt = "List the days of the week: Monday, Tuesday,"
+    plain = verifier_ids(live_verifier, prompt)  # the prompt's ids; the bias needs a token
+    banned = httpx.post(
+        f"{live_verifier.url}/generate", json={"prompt": prompt, "max_tokens": 2}, timeout=60
+    ).json()["tokens"][0]
+    sampling = {"presence_penalty": 0.8, "frequency_penalty": 0.5, "logit_bias": {banned: -100}}
+    alone = httpx.post(
+        f"{live_verifier.url}/generate",
+        json={"prompt_tokens": plain, "max_tokens": 24, "sampling": sampling},
+        timeout=120,
+    ).json()
+    assert banned not in alone["tokens"]
+    result = local_api.client().completions.create(
+        model="any",
+        prompt=prompt,
+        max_tokens=24,
+        temperature=0,
+        presence_penalty=0.8,
+        frequency_penalty=0.5,
+        logit_bias={str(banned): -100},
+    )
+    assert result.choices[0].text == alone["text"]
+    assert result.choices[0].text != verifier_text(live_verifier, prompt, 24)
+
+
+def test_logprobs_are_the_verifiers_for_the_tokens_sent(local_api, live_verifier):
+    """Greedy: each token is its row's likeliest, so it leads its own top list; the
+    tokens' texts make up the text, whole or streamed; completions' older shape too."""
+    client = local_api.client()
+    messages = [{"role": "user", "content": "Name three colours."}]
+    whole = client.chat.completions.create(
+        model="any", messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = whole.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert len(content) == whole.usage.completion_tokens
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token
+        assert c.top_logprobs[0].logprob == pytest.approx(c.logprob)
+        assert bytes(c.bytes).decode("utf-8", "replace") == c.token
+    streamed = client.chat.completions.create(
+        model="any", messages=messages, max_tokens=16, temperature=0, logprobs=True, stream=True
+    )
+    tokens = [
+        c.token
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
+    assert tokens == [c.token for c in content]
+    text = client.completions.create(
+        model="any", prompt="The sky is", max_tokens=6, temperature=0, logprobs=2
+    ).choices[0]
+    assert "".join(text.logprobs.tokens) == text.text
+    assert all(len(top) == 2 for top in text.logprobs.top_logprobs)
+    assert text.logprobs.text_offset[0] == 0 and len(text.logprobs.token_logprobs) == 6

@@ -20,6 +20,7 @@ from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel, DraftPolicy
 from server.shared.batching import Piece, decode_pieces
+from server.shared.penalties import adjusted_rows
 from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
 from server.shared.runtime import LlamaRuntime
 from server.shared.sampling import probabilities
@@ -33,8 +34,8 @@ RUNS = 2000
 TOP_K = 8
 
 
-def sampling_for(seed: int | None) -> SamplingParams:
-    return SamplingParams(temperature=1.0, top_k=TOP_K, seed=seed)
+def sampling_for(seed: int | None, **adjusted) -> SamplingParams:
+    return SamplingParams(temperature=1.0, top_k=TOP_K, seed=seed, **adjusted)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def first_tokens(
     n: int = 2,
     pipeline: bool = False,
     draft_n=1,
+    adjusted: dict | None = None,
 ):
-    sampling = sampling_for(seed)
+    sampling = sampling_for(seed, **(adjusted or {}))
     model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
     loop = SpeculativeLoop(model, client, draft_n=draft_n, n_ctx=TEST_N_CTX, pipeline=pipeline)
     request = PrefillRequest(
@@ -193,6 +195,54 @@ def test_a_chunk_then_a_draft_keeps_sampling_exact(
     for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
         pvalue = chi_square_pvalue(counts, exact, runs)
         assert pvalue > 1e-3, (pvalue, counts)
+
+
+PRESENCE_PENALTY = 1.5
+
+
+@pytest.fixture(scope="module")
+def penalised_joint(verifier_model, prompt_ids) -> tuple[dict, dict[tuple[int, int], float]]:
+    """A bias against the likeliest first token, a presence penalty; and P(t1, t2) under
+    them, computed here from the verifier model's logits (t2's row penalised for t1)."""
+    runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
+    try:
+        row = last_logits(runtime, prompt_ids, 0)
+        adjusted = {
+            "presence_penalty": PRESENCE_PENALTY,
+            "logit_bias": {int(np.argmax(row)): -2.0},
+        }
+        sampling = sampling_for(None, **adjusted)
+        first = probabilities(adjusted_rows(row[None], sampling, [], [])[0], sampling)
+        joint = {}
+        for t1 in np.flatnonzero(first):
+            runtime.remove(0, len(prompt_ids))
+            logits = last_logits(runtime, [int(t1)], len(prompt_ids))
+            second_row = adjusted_rows(logits[None], sampling, [int(t1)], [])[0]
+            second = probabilities(second_row, sampling)
+            for t2 in np.flatnonzero(second):
+                joint[(int(t1), int(t2))] = float(first[t1] * second[t2])
+        return adjusted, joint
+    finally:
+        runtime.close()
+
+
+def test_penalties_and_biases_keep_sampling_exact(
+    live_verifier, draft_model, prompt_ids, penalised_joint
+):
+    """Drafts drawn from the draft model's own distribution, judged by rejection sampling
+    against the verifier's penalised one (the second token's row penalised for the first,
+    drafted or not): the first two tokens follow the penalised distribution."""
+    adjusted, exact = penalised_joint
+    counts: dict[tuple[int, int], int] = {}
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(RUNS):
+            pair, _ = first_tokens(
+                client, draft_model, prompt_ids, "rejection", seed, adjusted=adjusted
+            )
+            counts[pair] = counts.get(pair, 0) + 1
+    assert set(counts) <= set(exact), "a pair the penalised distribution rules out"
+    pvalue = chi_square_pvalue(counts, exact, RUNS)
+    assert pvalue > 1e-3, (pvalue, counts)
 
 
 def run_cli(url: str, *args: str) -> dict:

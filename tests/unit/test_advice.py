@@ -131,13 +131,19 @@ def test_sessions_sharing_passes_are_advised_alike_from_every_sessions_acceptanc
     assert advisor.advise(lucky, 16, 16) == advisor.advise(unlucky, 16, 16) > 0
 
 
-def test_shared_advice_holds_until_another_length_clearly_beats_it():
-    """Near a tie the advice does not flicker: a session's round of another length
-    would pad every session's round of the pass."""
+def test_shared_advice_prefers_the_shorter_length_near_a_tie_and_holds_it():
+    """Near a tie the shortest length is advised, and held until a longer one clearly
+    beats it (flickering would pad every session's round of the pass); a longer length
+    held is left as soon as a shorter one is near."""
     seconds = line_seconds(4.0)  # k = 1: 1.75 tokens in 12 rows' time; k = 2: 2.31 in 16
     assert advised_draft(0.75, seconds, sharing=4, max_draft=8) == 1
-    assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=2) == 2  # 1% worse
+    assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=2) == 1  # 1% worse
     assert advised_draft(0.75, seconds, sharing=4, max_draft=8, keep=6) == 1  # far worse
+    # a = 0.85: k = 2 is 4% better than k = 1 (2.57 tokens in 16 rows' time against
+    # 1.85 in 12), so it is advised, but a session holding k = 1 keeps it.
+    assert advised_draft(0.85, seconds, sharing=4, max_draft=8) == 2
+    assert advised_draft(0.85, seconds, sharing=4, max_draft=8, keep=1) == 1
+    assert advised_draft(0.85, seconds, sharing=4, max_draft=8, keep=0) == 2  # far worse
 
 
 def test_the_advice_grows_at_most_to_twice_the_last_draft_and_one():

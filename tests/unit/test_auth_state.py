@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from server.shared.api_keys import ApiKeys
 from server.verifier.app import log_auth_state
-from server.verifier.security import ApiKeys
 
 
 def said(caplog) -> list[tuple[int, str]]:

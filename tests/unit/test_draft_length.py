@@ -275,3 +275,26 @@ def test_auto_drafts_again_once_the_link_that_made_chunks_faster_is_gone():
 
     assert rounds(60, link_s=0.5)[-10:].count(0) >= 8  # chunks, the odd probe
     assert rounds(60, link_s=0.001)[-20:].count(0) == 0
+
+
+def test_under_load_a_chunk_is_priced_at_a_pass_not_at_the_line_of_rows_run_down_to_one():
+    """Loaded, a round's time is the pass the other sessions fill. Advised 1 and 2 in
+    turn, the rounds of 3 rows landed in fuller passes than those of 2, so the line of
+    time against rows falls steeply towards one row; but a chunk's tokens wait a pass
+    each all the same. Where the verifier advises drafts, auto keeps drafting."""
+    length = LinkAwareLength(maximum=16, max_chunk=64)
+    sent = []
+    for i in range(40):
+        k = length.next()
+        sent.append(k)
+        length.advise(1 + i % 2)
+        if k == 0:
+            m = length.chunk()
+            length.update(0, 0)
+            chunk = RoundTiming(1, m * 0.075, m * 0.075 + 0.002, 0.0, False, steps=m, tokens=m)
+            length.observe(chunk)
+        else:
+            pass_s = 0.02 + 0.04 * k  # 2 rows: 60 ms; 3 rows: 100 ms
+            length.update(k, k - 1)
+            length.observe(timing(k + 1, pass_s, 0.002, 0.005 * k, tokens=k))
+    assert 0 not in sent
