@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from drafter.model import DraftModel
 from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
+from drafter.serve.tools import tools_message
 from server.shared.protocol import PromptInput
 
 
@@ -27,7 +28,15 @@ class Prompted:
 
 
 def chat_prompts(model: DraftModel, request: ChatCompletionRequest) -> list[Prompted]:
+    """The conversation through the model's chat template; tools the answer may call are
+    described in the system message (drafter/serve/tools.py)."""
     messages = [("system" if m.role == "developer" else m.role, m.text) for m in request.messages]
+    if request.calls_tools and request.tools:
+        described = tools_message(request.tools)
+        if messages[0][0] == "system":
+            messages[0] = ("system", f"{messages[0][1]}\n\n{described}")
+        else:
+            messages.insert(0, ("system", described))
     prompt = model.render_chat(messages)
     return [_text(model, prompt, add_bos=not model.starts_with_bos(prompt))]
 

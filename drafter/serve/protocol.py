@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from server.shared.protocol import (
+    MAX_GRAMMAR_CHARS,
     MAX_LOGIT_BIAS,
     MAX_TOP_LOGPROBS,
     MIN_TEMPERATURE,
@@ -37,6 +38,7 @@ MAX_PROMPT_TOKENS = 1 << 20
 # Choices of one request (prompts times n), generated one after another.
 MAX_CHOICES = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's own limit
+MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS = 128
 
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
@@ -63,9 +65,6 @@ class StreamOptions(BaseModel):
 # Request fields that would change the output, with the value that changes nothing.
 UNSUPPORTED: dict[str, Any] = {
     "best_of": (None, 1),
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "prediction": (None,),
@@ -95,8 +94,6 @@ LOCAL_SERVER_FIELDS: dict[str, Any] = {
     "min_p": (None, 0, 0.0),
     "typical_p": (None, 1, 1.0),
     "repeat_penalty": (None, 1, 1.0),
-    "grammar": (None, ""),
-    "json_schema": (None, {}),
     "n_predict": (None,),
     "mirostat": (None, 0),
 }
@@ -122,6 +119,9 @@ class _Request(BaseModel):
         None, max_length=MAX_LOGIT_BIAS
     )
     top_k: int = Field(0, ge=0, le=1 << 20)  # llama.cpp's field: 0 is off
+    # llama.cpp's fields for constrained output (chat's `response_format` is OpenAI's).
+    grammar: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None
+    json_schema: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -267,17 +267,80 @@ class ChatMessage(BaseModel):
         return text.lstrip("\n")
 
 
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     @model_validator(mode="after")
-    def _logprobs_asked(self) -> ChatCompletionRequest:
+    def _consistent(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        form = self.response_format
+        if form is not None and form.type == "json_schema" and form.json_schema is None:
+            raise ValueError("response_format json_schema needs its json_schema")
+        names = [t.function.name for t in self.tools or ()]
+        if isinstance(self.tool_choice, NamedToolChoice):
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names {self.tool_choice.function.name!r}, "
+                    "which is not one of the tools"
+                )
+        elif self.tool_choice in ("auto", "required") and not names:
+            raise ValueError(f"tool_choice {self.tool_choice!r} needs tools")
+        if self.calls_tools and self.logprobs:
+            raise ValueError("logprobs with tools are not supported here")
         return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer may be a tool call (tools given, and not tool_choice none)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def logprobs_top(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from fastapi import Request, Response
@@ -20,12 +20,13 @@ from drafter.model import DraftModel
 from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.errors import as_openai_error, invalid_request
 from drafter.serve.prompts import Prompted
-from drafter.serve.protocol import _Request
+from drafter.serve.protocol import ChatCompletionRequest, _Request
 from drafter.serve.responses import ChatCompletion, Completion
 from drafter.serve.shapes import Answered, Reply
 from drafter.serve.slots import SlotPool
 from drafter.serve.text_out import Spelled
-from server.shared.protocol import PrefillRequest
+from drafter.serve.tools import CallSniffer, parse_tool_call, request_grammar
+from server.shared.protocol import Grammar, PrefillRequest
 from server.shared.strict import did_you_mean
 
 T = TypeVar("T")
@@ -61,13 +62,30 @@ class Started:
         finished = self.running.result()
         return Answered(self.choice.index, text, finished, self.choice.nth == 0, logprobs)
 
-    def whole(self, wants_logprobs: bool) -> Answered:
-        """The choice whole, once it is done: its text, and the logprobs if asked for."""
+    def whole(self, wants_logprobs: bool, calls_tools: bool) -> Answered:
+        """The choice whole, once it is done: its text (or the tool call it is), and the
+        logprobs if asked for."""
         texts, logprobs = [self.choice.prompted.echo], []
         while (item := self.events.get_nowait()) is not _DONE:
             texts.append(item[0])
             logprobs += item[1]
-        return self.answered("".join(texts), logprobs if wants_logprobs else None)
+        text = "".join(texts)
+        call = parse_tool_call(text) if calls_tools else None
+        answered = self.answered("" if call else text, logprobs if wants_logprobs else None)
+        return replace(answered, tool_call=call)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a stream shows beside the text."""
+
+    usage: bool  # a last chunk with the usage (stream_options.include_usage)
+    logprobs: bool
+    tool_calls: bool  # the answer may be a tool call: held while it may begin one
+
+
+def calls_tools(request: _Request) -> bool:
+    return isinstance(request, ChatCompletionRequest) and request.calls_tools
 
 
 def check_fields(request: _Request) -> None:
@@ -101,6 +119,7 @@ async def answer(
     """The request's response: each choice admitted, given a slot and generated, one after
     another; returned whole or streamed."""
     check_fields(request)
+    grammar = request_grammar(request)
     try:
         pool = await backend.ready()
         # Off the event loop: a long prompt takes a while to tokenize.
@@ -118,7 +137,7 @@ async def answer(
     gone = asyncio.create_task(until_disconnected(http))
 
     async def begin(choice: Choice) -> Started | None:
-        return await begin_choice(backend, pool, request, choice, max_tokens, gone)
+        return await begin_choice(backend, pool, request, choice, max_tokens, gone, grammar)
 
     try:
         started = await begin(choices[0])
@@ -132,17 +151,18 @@ async def answer(
         gone.cancel()
         return Response(status_code=499)
     if request.stream:
-        wants_logprobs = request.logprobs_top() is not None
-        frames = stream(
-            reply, started, choices[1:], begin, gone, request.include_usage, wants_logprobs
+        shown = Shown(
+            request.include_usage, request.logprobs_top() is not None, calls_tools(request)
         )
+        frames = stream(reply, started, choices[1:], begin, gone, shown)
         return EventSourceResponse(frames, sep="\n", send_timeout=SEND_TIMEOUT_S)
     answered: list[Answered] = []
     try:
         while True:
             # Shielded: a cancelled request must not orphan the generation.
             await asyncio.shield(started.running)
-            answered.append(started.whole(request.logprobs_top() is not None))
+            wants_logprobs = request.logprobs_top() is not None
+            answered.append(started.whole(wants_logprobs, calls_tools(request)))
             if len(answered) == len(choices):
                 return reply.whole(answered)
             started = await begin(choices[len(answered)])
@@ -163,6 +183,7 @@ async def begin_choice(
     choice: Choice,
     max_tokens: int,
     gone: asyncio.Task,
+    grammar: Grammar | None = None,
 ) -> Started | None:
     """The choice admitted (QueueFull at once if the queue is full), given a slot, and
     started; None if the client leaves while it waits."""
@@ -172,7 +193,10 @@ async def begin_choice(
     prompt = choice.prompted.verifier_input.model_dump(exclude_none=True)
     generation = Generation(
         prefill=PrefillRequest(
-            **prompt, sampling=request.sampling(choice.nth), logprobs=request.logprobs_top()
+            **prompt,
+            sampling=request.sampling(choice.nth),
+            logprobs=request.logprobs_top(),
+            grammar=grammar,
         ),
         prompt_ids=choice.prompted.prompt_ids,
         max_tokens=max_tokens,
@@ -194,8 +218,7 @@ async def stream(
     rest: list[Choice],
     begin: Callable[[Choice], Awaitable[Started | None]],
     gone: asyncio.Task,
-    include_usage: bool,
-    wants_logprobs: bool,
+    shown: Shown,
 ) -> AsyncIterator[ServerSentEvent]:
     """Each choice's chunks in turn, then the usage if asked for, then [DONE]; a choice
     that fails, or cannot begin, is an error event before [DONE]."""
@@ -207,19 +230,32 @@ async def stream(
                 yield ServerSentEvent(data=opening)
             if echo := started.choice.prompted.echo:
                 yield ServerSentEvent(data=reply.chunk(index, echo))
+            sniffer = CallSniffer() if shown.tool_calls else None
             while (item := await started.events.get()) is not _DONE:
                 text, spelled = item
-                shown = spelled if wants_logprobs else None
-                yield ServerSentEvent(data=reply.chunk(index, text, logprobs=shown))
+                if sniffer is not None:
+                    text = sniffer.feed(text)
+                if text or (shown.logprobs and spelled):
+                    logprobs = spelled if shown.logprobs else None
+                    yield ServerSentEvent(data=reply.chunk(index, text, logprobs=logprobs))
+            call = None
+            if sniffer is not None:
+                rest, call = sniffer.finish()
+                if rest:
+                    yield ServerSentEvent(data=reply.chunk(index, rest))
+                if call is not None:
+                    yield ServerSentEvent(data=reply.call_chunk(index, call))
             try:
-                answered.append(started.answered())
-                yield ServerSentEvent(data=reply.chunk(index, None, started.running.result()))
+                answered.append(replace(started.answered(), tool_call=call))
+                yield ServerSentEvent(
+                    data=reply.chunk(index, None, answered[-1].finished, call=call)
+                )
                 started = await begin(rest.pop(0)) if rest else None
             except Exception as exc:
                 yield ServerSentEvent(data=as_openai_error(exc).response().body.decode())
                 break
         else:
-            if include_usage:
+            if shown.usage:
                 yield ServerSentEvent(data=reply.usage_chunk(answered))
         yield ServerSentEvent(data="[DONE]")
     finally:

@@ -8,6 +8,15 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
+def _absent_if_none(value: object) -> bool:
+    return value is None
+
+
+# A field OpenAI leaves out where it has nothing (others it sends as null: a chunk's
+# `finish_reason` and `logprobs`, which clients read by key).
+Optional = Field(None, exclude_if=_absent_if_none)
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # the verifier's reuse of an earlier prompt's prefix
 
@@ -35,7 +44,7 @@ class SpeculativeFigures(BaseModel):
     draft_cached_tokens: int = 0
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class TopLogprob(BaseModel):
@@ -71,9 +80,25 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str  # JSON
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ToolCallDelta(ToolCall):
+    index: int = 0  # which of the message's calls (one at most here)
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None: a tool call
+    tool_calls: list[ToolCall] | None = Optional
 
 
 class ChatChoice(BaseModel):
@@ -83,18 +108,10 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
 
 
-def _absent_if_none(value: object) -> bool:
-    return value is None
-
-
-# A field OpenAI leaves out where it has nothing (others it sends as null: a chunk's
-# `finish_reason` and `logprobs`, which clients read by key).
-Optional = Field(None, exclude_if=_absent_if_none)
-
-
 class Delta(BaseModel):
     role: Literal["assistant"] | None = Optional
     content: str | None = Optional
+    tool_calls: list[ToolCallDelta] | None = Optional
 
 
 class ChatChunkChoice(BaseModel):

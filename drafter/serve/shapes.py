@@ -23,6 +23,8 @@ from drafter.serve.responses import (
     Delta,
     SpeculativeFigures,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -38,6 +40,11 @@ class Answered:
     finished: Finished
     first_of_its_prompt: bool  # its prompt is counted in the usage once
     logprobs: list[Spelled] | None = None
+    tool_call: ToolCall | None = None  # the answer is this call (its text is none)
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.tool_call is not None else self.finished.finish_reason
 
 
 def total_usage(answered: Sequence[Answered]) -> Usage:
@@ -129,8 +136,11 @@ class Reply:
             chat_choices = [
                 ChatChoice(
                     index=a.index,
-                    message=AssistantMessage(content=a.text),
-                    finish_reason=a.finished.finish_reason,
+                    message=AssistantMessage(
+                        content=None if a.tool_call else a.text,
+                        tool_calls=[a.tool_call] if a.tool_call else None,
+                    ),
+                    finish_reason=a.finish_reason,
                     logprobs=chat_logprobs(a.logprobs),
                 )
                 for a in answered
@@ -161,11 +171,14 @@ class Reply:
         text: str | None,
         finished: Finished | None = None,
         logprobs: list[Spelled] | None = None,
+        call: ToolCall | None = None,
     ) -> str:
         """A text chunk (`finish_reason` null), with its tokens' logprobs if asked for; a
         choice's last (`finished` given) carries no text, the finish reason and the
         choice's speculative figures."""
         finish = finished.finish_reason if finished is not None else None
+        if finished is not None and call is not None:
+            finish = "tool_calls"
         extra = {"speculative": finished.figures} if finished is not None else {}
         if self.chat:
             choice = ChatChunkChoice(
@@ -184,6 +197,12 @@ class Reply:
             )
             body = Completion(**self._ids(), choices=[text_choice], **extra)
         return body.model_dump_json()
+
+    def call_chunk(self, index: int, call: ToolCall) -> str:
+        """A chat stream's tool call, whole, as OpenAI's deltas carry one."""
+        delta = Delta(tool_calls=[ToolCallDelta(index=0, **call.model_dump())])
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=None)
+        return ChatCompletionChunk(**self._ids(), choices=[choice]).model_dump_json()
 
     def usage_chunk(self, answered: Sequence[Answered]) -> str:
         """`stream_options.include_usage`: a last chunk with no choices and the usage."""

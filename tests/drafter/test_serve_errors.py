@@ -61,7 +61,8 @@ COMPLETION = {"model": "any", "prompt": "hi", "max_tokens": 4}
         ({"logit_bias": {"50": 101}}, "logit_bias"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"top_k": -1}, "top_k"),
-        ({"grammar": "root ::= [a-z]+"}, "grammar"),
+        ({"grammar": 5}, "grammar"),
+        ({"grammar": "root ::= [a-z]+", "json_schema": {"type": "object"}}, "json_schema"),
         ({"n_predict": 8}, "n_predict"),
     ],
 )
@@ -88,9 +89,19 @@ def test_a_lone_surrogate_in_a_prompt_or_message_is_a_400(api):
 
 def test_unsupported_chat_fields_are_refused_not_ignored(api):
     body = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
-    for extra in ({"tools": [{"type": "function"}]}, {"response_format": {"type": "json"}}):
+    for extra in ({"functions": [{"name": "f"}]}, {"prediction": {"type": "content"}}):
         error = assert_openai_error(api.post("/v1/chat/completions", json={**body, **extra}), 400)
         assert error["code"] == "unsupported_parameter"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for extra, param in (
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "json"}}, "response_format"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, None),
+        ({"tools": [tool], "response_format": {"type": "json_object"}}, "tools"),
+        ({"tools": [tool], "logprobs": True}, None),
+    ):
+        assert_openai_error(api.post("/v1/chat/completions", json={**body, **extra}), 400, param)
     # What changes nothing is accepted (it then fails only for want of a verifier).
     harmless = api.post("/v1/chat/completions", json={**body, "user": "me", "metadata": {}})
     assert harmless.status_code == 503

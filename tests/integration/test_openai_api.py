@@ -410,3 +410,174 @@ def test_logprobs_are_the_verifiers_for_the_tokens_sent(local_api, live_verifier
     assert "".join(text.logprobs.tokens) == text.text
     assert all(len(top) == 2 for top in text.logprobs.top_logprobs)
     assert text.logprobs.text_offset[0] == 0 and len(text.logprobs.token_logprobs) == 6
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def verifier_under(live_verifier, prompt: str, grammar: dict, max_tokens: int) -> str:
+    return httpx.post(
+        f"{live_verifier.url}/generate",
+        json={"prompt": prompt, "max_tokens": max_tokens, "grammar": grammar},
+        timeout=120,
+    ).json()["text"]
+
+
+def test_json_outputs_parse_validate_and_equal_the_verifier_alone_under_them(
+    local_api, live_verifier
+):
+    client = local_api.client()
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    as_object = client.chat.completions.create(
+        model="any",
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_object"},
+    ).choices[0]
+    if as_object.finish_reason == "stop":
+        assert isinstance(json.loads(as_object.message.content), dict)
+    else:  # cut at max_tokens: an object begun
+        assert as_object.message.content.lstrip().startswith("{")
+    object_grammar = {"kind": "json_schema", "source": {"type": "object"}}
+    assert as_object.message.content == verifier_under(
+        live_verifier, CHAT_PROMPT, object_grammar, 40
+    )
+    for stream in (False, True):
+        result = client.chat.completions.create(
+            model="any",
+            messages=messages,
+            max_tokens=60,
+            temperature=0,
+            stream=stream,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+            },
+        )
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in result if c.choices)
+        else:
+            text = result.choices[0].message.content
+        person = json.loads(text)
+        assert set(person) == {"name", "age"} and 0 <= person["age"] <= 120
+        assert text == verifier_under(
+            live_verifier, CHAT_PROMPT, {"kind": "json_schema", "source": PERSON}, 60
+        )
+
+
+def test_llama_cpp_grammar_fields_constrain_completions(local_api):
+    client = local_api.client()
+    answer = client.completions.create(
+        model="any",
+        prompt="Is the sky blue? Answer:",
+        max_tokens=4,
+        temperature=0,
+        extra_body={"grammar": 'root ::= " yes" | " no"'},
+    )
+    assert answer.choices[0].text in (" yes", " no")
+    sampled = client.completions.create(
+        model="any",
+        prompt="A person:",
+        max_tokens=60,
+        temperature=1.0,
+        seed=3,
+        extra_body={"json_schema": PERSON},
+    )
+    assert set(json.loads(sampled.choices[0].text)) == {"name", "age"}
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time now."}}
+
+
+def test_a_forced_tool_call_parses_and_validates_whole_or_streamed(local_api):
+    client = local_api.client()
+    messages = [{"role": "user", "content": "What's the weather like in Paris?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        result = client.chat.completions.create(
+            model="any",
+            messages=messages,
+            tools=[CLOCK, WEATHER],
+            tool_choice=choice,
+            max_tokens=60,
+            temperature=0,
+        ).choices[0]
+        assert result.finish_reason == "tool_calls" and result.message.content is None
+        (call,) = result.message.tool_calls
+        assert call.id.startswith("call_") and call.type == "function"
+        if choice == "required":
+            assert call.function.name in ("get_weather", "get_time")
+            continue
+        assert call.function.name == "get_weather"
+        arguments = json.loads(call.function.arguments)
+        assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+        forced = {"type": "function", "function": {"name": "get_weather"}}
+        chunks = list(
+            client.chat.completions.create(
+                model="any",
+                messages=messages,
+                tools=[CLOCK, WEATHER],
+                tool_choice=forced,
+                max_tokens=60,
+                temperature=0,
+                stream=True,
+            )
+        )
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+        assert [(d.function.name, d.function.arguments) for d in deltas] == [
+            (call.function.name, call.function.arguments)
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        # The call and its result, sent back: the conversation goes on.
+        replayed = [
+            *messages,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+        ]
+        after = client.chat.completions.create(
+            model="any", messages=replayed, tools=[WEATHER], max_tokens=20, temperature=0
+        ).choices[0]
+        assert after.message.content or after.message.tool_calls
+
+
+def test_auto_tool_choice_answers_in_words_or_with_a_valid_call(local_api):
+    result = (
+        local_api.client()
+        .chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "Say hello."}],
+            tools=[WEATHER],
+            max_tokens=20,
+            temperature=0,
+        )
+        .choices[0]
+    )
+    if result.message.tool_calls:
+        arguments = json.loads(result.message.tool_calls[0].function.arguments)
+        assert set(arguments) == {"city", "unit"}
+    else:
+        assert result.message.content and not result.message.content.startswith("<")

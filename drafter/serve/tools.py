@@ -1,0 +1,135 @@
+"""Structured output for `serve`: a request's constraint (a JSON schema, a grammar, or its
+tools) as the grammar the verifier decodes under, the tools told to the model, and a
+tool call read back from the text.
+
+A tool call is written as the Hermes format writes one, which the default pair's family
+(and Qwen's) were trained on: `<tool_call>` then {"name": ..., "arguments": {...}} then
+`</tool_call>`. The grammar makes it so: with `tool_choice` `required` or a named
+function the answer is a call, its name one of the tools and its arguments valid against
+that tool's parameters; with `auto`, either a call (held to the same) or a text that does
+not begin with `<`. The tools are described to the model in a system message: the
+default templates (llama.cpp's built-in ones) have no place for them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from drafter.serve.errors import invalid_request
+from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
+from drafter.serve.responses import CalledFunction, ToolCall
+from server.shared.protocol import Grammar
+
+OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def request_grammar(request: _Request) -> Grammar | None:
+    """The one constraint a request asks for, as the verifier's grammar (two: a 400)."""
+    asked: list[tuple[str, Grammar]] = []
+    if request.grammar:
+        asked.append(("grammar", Grammar(kind="gbnf", source=request.grammar)))
+    if request.json_schema is not None:
+        asked.append(("json_schema", Grammar(kind="json_schema", source=request.json_schema)))
+    if isinstance(request, ChatCompletionRequest):
+        form = request.response_format
+        if form is not None and form.type == "json_object":
+            asked.append(
+                ("response_format", Grammar(kind="json_schema", source={"type": "object"}))
+            )
+        elif form is not None and form.json_schema is not None:
+            schema = form.json_schema.schema_ or {"type": "object"}
+            asked.append(("response_format", Grammar(kind="json_schema", source=schema)))
+        if request.calls_tools:
+            asked.append(("tools", tool_grammar(request)))
+    if len(asked) > 1:
+        names = ", ".join(name for name, _ in asked)
+        raise invalid_request(f"one constraint at a time: {names}", param=asked[1][0])
+    return asked[0][1] if asked else None
+
+
+def tool_grammar(request: ChatCompletionRequest) -> Grammar:
+    tools = request.tools or []
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        tools = [t for t in tools if t.function.name == choice.function.name]
+    calls = {"anyOf": [_call_schema(tool) for tool in tools]}
+    call = f"{json.dumps(OPEN)} call {json.dumps(CLOSE)}"
+    rules = f"call: %json {json.dumps(calls)}"
+    if choice in (None, "auto"):
+        lark = f"start: call_block | TEXT\ncall_block: {call}\n{rules}\nTEXT: /[^<](.|\\n)*/"
+    else:
+        lark = f"start: {call}\n{rules}"
+    return Grammar(kind="lark", source=lark)
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": tool.function.name},
+            "arguments": tool.function.parameters or NO_ARGUMENTS,
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tools_message(tools: list[Tool]) -> str:
+    """What the model is told of the tools, in the system message."""
+    listed = [
+        {"type": "function", "function": t.function.model_dump(exclude_none=True)} for t in tools
+    ]
+    return (
+        "You may call one of these functions to answer. To call one, reply with only "
+        f'{OPEN}{{"name": <function name>, "arguments": <its arguments as JSON>}}{CLOSE}\n'
+        f"<tools>\n{json.dumps(listed)}\n</tools>"
+    )
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The call the text is, or None where it is a plain answer."""
+    if not text.startswith(OPEN.strip()):
+        return None
+    body = text.strip().removeprefix(OPEN.strip()).removesuffix(CLOSE.strip()).strip()
+    try:
+        called = json.loads(body)
+        name, arguments = called["name"], called["arguments"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return ToolCall(
+        id=f"call_{uuid.uuid4().hex[:24]}",
+        function=CalledFunction(name=name, arguments=json.dumps(arguments)),
+    )
+
+
+class CallSniffer:
+    """A stream's text while it may still be a tool call: held while it could begin one,
+    let through once it cannot (a plain answer streams as usual)."""
+
+    def __init__(self) -> None:
+        self._held = ""
+        self.calling: bool | None = None  # None: not known yet
+
+    def feed(self, text: str) -> str:
+        """What can go out now."""
+        if self.calling is False:
+            return text
+        self._held += text
+        opening = OPEN.strip()
+        if self._held.startswith(opening):
+            self.calling = True
+            return ""
+        if opening.startswith(self._held):
+            return ""  # could still become one
+        self.calling = False
+        out, self._held = self._held, ""
+        return out
+
+    def finish(self) -> tuple[str, ToolCall | None]:
+        """At the end: the text still held, or the call it made."""
+        held, self._held = self._held, ""
+        call = parse_tool_call(held) if self.calling else None
+        return ("" if call else held), call
