@@ -180,6 +180,7 @@ def serve(
     api_key: ApiKeyOpt = None,
     ca_cert: CaCertOpt = None,
     verbose: VerboseOpt = None,
+    translate: TranslateOpt = None,
     parallel: ParallelOpt = None,
     queue: QueueOpt = None,
     serve_api_key: ServeApiKeyOpt = None,

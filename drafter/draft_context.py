@@ -64,6 +64,18 @@ class DraftContext:
         self.target_n_vocab: int | None = None
         self.vocab_relation = "same"  # "compatible" or "translated": what the run reports
         self.shared_decodes = 0  # of those, calls carrying more than one sequence
+        self._grammars = None  # compiled for this vocabulary on the first grammar
+        self._grammars_lock = threading.Lock()
+
+    def grammars(self):
+        """The grammars drafts follow, compiled for this vocabulary (server/shared/
+        constraint.py: llguidance, imported here only when a generation has a grammar)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from server.shared.constraint import Grammars
+
+                self._grammars = Grammars(self.runtime.grammar_tokenizer, self.runtime.n_vocab)
+            return self._grammars
 
     @classmethod
     def load(

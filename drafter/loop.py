@@ -145,6 +145,7 @@ class SpeculativeLoop:
         session = [opened.session_id]  # a recovery replaces it
         try:
             self._opened(opened, self.clock() - began)
+            follow_rules(self.drafter, prefill, len(opened.prompt_ids))
             yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
             self.warming.wait()  # no thread left using the draft model after the run
@@ -213,7 +214,8 @@ class SpeculativeLoop:
                 # Evicted or expired: a new session from every committed token continues
                 # exactly where this one stopped.
                 lost_in_a_row += 1
-                session[0] = self.sessions.reopen(prefill, committed)
+                prompt_len = len(self.result.prompt_ids)
+                session[0] = self.sessions.reopen(prefill, committed, prompt_len)
                 result.stats.recoveries += 1
                 continue
             lost_in_a_row = 0
@@ -350,3 +352,11 @@ def _ema(mean: float, value: float, weight: float = 0.2) -> float:
     if mean in (0.0, float("inf")):
         return value
     return (1 - weight) * mean + weight * value
+
+
+def follow_rules(drafter: CandidateGenerator, prefill: PrefillRequest, prompt_len: int) -> None:
+    """Drafts follow the verifier's penalties, biases and grammar where the drafter can
+    (DraftModel.follow): more of them are accepted."""
+    follow = getattr(drafter, "follow", None)
+    if follow is not None:
+        follow(prefill.sampling, prefill.grammar, prompt_len)

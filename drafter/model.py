@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from drafter.candidates import Draft
+from drafter.draft_chain import DraftChain
 from drafter.draft_context import DraftContext
+from drafter.draft_rules import DraftRules, rules_for
 from drafter.draft_sequence import DraftSequence
 from drafter.errors import DraftModelError
 from server.shared import vocab
-from server.shared.protocol import PrefillRequest, SamplingParams
+from server.shared.protocol import Grammar, PrefillRequest, SamplingParams
 from server.shared.runtime import LlamaError, supports_gpu_offload
 from server.shared.sampling import cap_support, probabilities, sample
 
@@ -97,13 +99,21 @@ class DraftModel:
         self.model_path = self.runtime.model_path
         self.name = self.runtime.metadata("general.name") or self.model_path.stem
         self.sequence = DraftSequence(context, seq_id)
+        self._chain = DraftChain()
         self.configure(DraftPolicy())
 
     def configure(self, policy: DraftPolicy) -> None:
         """A new generation's policy. Seeded sampling decodes alone (see `reset`)."""
         self.policy = policy
         self._rng = np.random.default_rng(policy.seed)
-        self._forget_chain()
+        self._rules: DraftRules | None = None
+        self._chain.forget()
+
+    def follow(self, sampling: SamplingParams, grammar: Grammar | None, prompt_len: int) -> None:
+        """Draft this generation as the verifier decodes it: under its penalties, biases
+        and grammar (drafter/draft_rules.py)."""
+        self._rules = rules_for(self.context, sampling, grammar, prompt_len)
+        self._chain.forget()
 
     def vocab_facts(self) -> vocab.VocabFacts:
         return vocab.describe(self.runtime)
@@ -157,10 +167,10 @@ class DraftModel:
         if k <= 0:
             return Draft([], [] if sampled else None)
         committed = self._own_ids(committed)
-        draft_tokens, draft_probs = self._reusable(committed, k)
+        draft_tokens, draft_probs = self._chain.reusable(committed, k, self.sequence.cached)
         reused = len(draft_tokens)
         if len(draft_tokens) < k and not (draft_tokens and self.runtime.is_eog(draft_tokens[-1])):
-            logits = self._within_target(self._sync([*committed, *draft_tokens]))
+            logits = self._ruled(self._sync([*committed, *draft_tokens]), committed, draft_tokens)
             while True:
                 q = None
                 if sampled:
@@ -180,11 +190,8 @@ class DraftModel:
                 draft_probs.append(q)
                 if len(draft_tokens) == k or self.runtime.is_eog(token) or (stop and stop()):
                     break
-                logits = self._within_target(self._evaluate([token]))
-        self._chain_start, self._chain = (
-            len(committed),
-            list(zip(draft_tokens, draft_probs, strict=True)),
-        )
+                logits = self._ruled(self._evaluate([token]), committed, draft_tokens)
+        self._chain.remember(len(committed), draft_tokens, draft_probs)
         return Draft(draft_tokens, draft_probs if sampled else None, reused)
 
     def likely_answers(
@@ -256,7 +263,7 @@ class DraftModel:
     def reset(self) -> None:
         """Forget this sequence's cache."""
         self.sequence.reset()
-        self._forget_chain()
+        self._chain.forget()
 
     def close(self) -> None:
         if self._owns_context:
@@ -267,6 +274,16 @@ class DraftModel:
 
     def _evaluate(self, tokens: Sequence[int]) -> np.ndarray:
         return self.sequence.evaluate(tokens, alone=self.decodes_alone)
+
+    def _ruled(
+        self, logits: np.ndarray, committed: Sequence[int], draft_tokens: Sequence[int]
+    ) -> np.ndarray:
+        """The row a draft is picked or drawn from: within the verifier's vocabulary, and
+        under the generation's rules (`follow`)."""
+        logits = self._within_target(logits)
+        if self._rules is None:
+            return logits
+        return self._rules.row(logits, [*committed, *draft_tokens])
 
     # -- a compatible verifier's vocabulary --------------------------------------------
 
@@ -280,27 +297,6 @@ class DraftModel:
         pad = self.runtime.pad_id
         stand_in = pad if 0 <= pad < self.n_vocab else self.runtime.eos_id
         return [t if t < self.n_vocab else stand_in for t in tokens]
-
-    # -- the last drafted chain -------------------------------------------------------
-
-    def _forget_chain(self) -> None:
-        self._chain_start = 0
-        self._chain: list[tuple[int, np.ndarray | None]] = []
-
-    def _reusable(self, committed: Sequence[int], k: int) -> tuple[list[int], list]:
-        """The part of the last chain that follows `committed`, if `committed` runs along
-        that chain: it is exactly what drafting again from here would give (greedy), or a
-        draw from the same q (sampled)."""
-        n, start = len(committed), self._chain_start
-        if not self._chain or not start <= n < start + len(self._chain):
-            return [], []
-        chain_tokens = [t for t, _ in self._chain]
-        if list(committed[start:]) != chain_tokens[: n - start]:
-            return [], []
-        if self.sequence.cached[:start] != list(committed[:start]):
-            return [], []
-        reused = self._chain[n - start : n - start + k]
-        return [t for t, _ in reused], [q for _, q in reused]
 
 
 def _confidence(logits: np.ndarray, token: int) -> float:

@@ -41,14 +41,16 @@ class RemoteSessions:
             )
         return opened
 
-    def reopen(self, prefill: PrefillRequest, committed: list[int]) -> str:
-        """The session opened again on everything committed so far."""
-        reopened = self.open(
-            prefill.model_copy(
-                update={"prompt": None, "prompt_tokens": list(committed), "add_bos": False}
-            )
-        )
-        return reopened.session_id
+    def reopen(self, prefill: PrefillRequest, committed: list[int], prompt_len: int) -> str:
+        """The session opened again on everything committed so far (the generated tokens
+        said as such: penalties count them, a grammar's state is after them)."""
+        update = {
+            "prompt": None,
+            "prompt_tokens": list(committed),
+            "add_bos": False,
+            "generated_tokens": len(committed) - prompt_len,
+        }
+        return self.open(prefill.model_copy(update=update)).session_id
 
     def close(self, session_id: str) -> None:
         # Best effort: the session holds a KV sequence on the server until it is freed,

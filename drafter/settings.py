@@ -82,8 +82,8 @@ class DrafterSettings(BaseSettings):
     # -- the draft model ---------------------------------------------------------------
     model: Path = Field(
         DEFAULT_DRAFTER_MODEL,
-        description="The draft model's GGUF file (generating, a vocabulary other than the "
-        "verifier's is drafted through text; `serve` needs the same or a compatible one).",
+        description="The draft model's GGUF file (a vocabulary other than the verifier's is "
+        "drafted through text: --translate).",
     )
     n_gpu_layers: int | None = Field(
         None,

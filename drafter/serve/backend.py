@@ -18,14 +18,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from drafter.model import DraftModel
-from drafter.runner import connect, load_checked_drafter, speculative_loop
+from drafter.runner import (
+    connect,
+    load_checked_drafter,
+    load_verifier_vocab,
+    speculative_loop,
+)
 from drafter.serve.errors import PromptTooLong
+from drafter.serve.prompts import TextSide
 from drafter.serve.responses import SpeculativeFigures
 from drafter.serve.slots import GenerationSlot, SlotPool
 from drafter.serve.text_out import Emit, TextOut
 from drafter.settings import DrafterSettings
 from server.shared.prefix import common_prefix_len
-from server.shared.protocol import InfoResponse, PrefillRequest
+from server.shared.protocol import InfoResponse, PrefillRequest, Strategy
+from server.shared.runtime import LlamaVocab
 
 log = logging.getLogger("drafter.serve")
 
@@ -68,6 +75,7 @@ class SpeculativeBackend:
         self.info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
         self.system_fingerprint = ""
+        self.target: LlamaVocab | None = None  # the verifier's vocabulary, if not ours
         self._loading = asyncio.Lock()
         self._workers = ThreadPoolExecutor(settings.parallel, thread_name_prefix="generation")
         self._running: set[threading.Event] = set()
@@ -95,8 +103,15 @@ class SpeculativeBackend:
         # that hangs up ends its generation's wait (Generation.cancel).
         clients = [connect(self.settings) for _ in range(parallel)]
         try:
-            # Ids as they are only: serve tokenizes prompts with the draft model.
-            first, self.info, note = load_checked_drafter(clients[0], self.settings, n_seq=parallel)
+            first, self.info, note = load_checked_drafter(
+                clients[0], self.settings, n_seq=parallel, translate=self.settings.translate
+            )
+            if first.vocab_relation == "translated":  # prompts and text: the verifier's
+                try:
+                    self.target = load_verifier_vocab(clients[0], self.info)
+                except BaseException:
+                    first.close()
+                    raise
         except BaseException:
             for client in clients:
                 client.close()
@@ -114,6 +129,19 @@ class SpeculativeBackend:
         )
         slots = [GenerationSlot(m, c) for m, c in zip(models, clients, strict=True)]
         return SlotPool(slots, self.settings.queue)
+
+    def text_side(self, model: DraftModel) -> TextSide:
+        """The vocabulary the verifier's ids are in: the draft model's own, or for a
+        translated pair, the verifier's (its chat template too)."""
+        assert self.info is not None
+        target = self.target
+        if target is not None:
+
+            def token_bytes(token: int) -> bytes:  # an id past the vocabulary: no text
+                return target.token_bytes(token) if 0 <= token < target.n_vocab else b""
+
+            return TextSide(target, token_bytes, self.info.model)
+        return TextSide(model.runtime, model.token_bytes, self.info.model)
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """A prompt the verifier's context cannot hold is refused before it takes a slot."""
@@ -158,13 +186,22 @@ class SpeculativeBackend:
         if self.pool is not None:
             self.pool.close()
             self.pool.slots[0].model.close()
+        if self.target is not None:
+            self.target.close()
 
     def _generate(self, slot: GenerationSlot, generation: Generation) -> Finished:
         model, prefill = slot.model, generation.prefill
         sampling = prefill.sampling
         seeded = sampling.seed is not None and not sampling.greedy
+        strategy = self.settings.strategy
+        if self.target is not None and not sampling.greedy:
+            # Another tokenizer's q is no distribution over the verifier's tokens:
+            # sample-and-match is lossless without one (as the CLI does).
+            strategy = Strategy.match
+            prefill = prefill.model_copy(update={"strategy": strategy})
         settings = self.settings.model_copy(
             update={
+                "strategy": strategy,
                 # Drafting ahead goes as far as timing lets it, and so would seeded draws.
                 "pipeline": False if seeded else self.settings.pipeline,
                 "prompt": prefill.prompt or "",
@@ -176,11 +213,14 @@ class SpeculativeBackend:
         )
         assert self.info is not None
         slot.client.abandoned = generation.cancel.is_set
-        loop = speculative_loop(model, slot.client, self.info, settings)
+        loop = speculative_loop(model, slot.client, self.info, settings, self.target)
         if model.decodes_alone:
             model.reset()
-        draft_cached = common_prefix_len(model.cached_tokens, generation.prompt_ids)
-        out = TextOut(model.token_bytes, generation.stop, generation.emit)
+        # Translated, the prompt's ids are the verifier's, not the cache's: not counted.
+        draft_cached = (
+            0 if self.target else common_prefix_len(model.cached_tokens, generation.prompt_ids)
+        )
+        out = TextOut(self.text_side(model).token_bytes, generation.stop, generation.emit)
         rounds = loop.run(prefill, generation.max_tokens)
         with contextlib.closing(rounds):  # closing the loop ends the verifier session
             for event in rounds:

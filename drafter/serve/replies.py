@@ -16,10 +16,9 @@ from typing import TypeVar
 from fastapi import Request, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from drafter.model import DraftModel
 from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.errors import as_openai_error, invalid_request
-from drafter.serve.prompts import Prompted
+from drafter.serve.prompts import Prompted, TextSide
 from drafter.serve.protocol import ChatCompletionRequest, _Request
 from drafter.serve.responses import ChatCompletion, Completion
 from drafter.serve.shapes import Answered, Reply
@@ -34,8 +33,8 @@ T = TypeVar("T")
 SEND_TIMEOUT_S = 30.0
 # The end of a generation in its event queue (after every text it emitted).
 _DONE = object()
-# A request's prompts, made ready with the draft model (drafter/serve/prompts.py).
-Render = Callable[[DraftModel], list[Prompted]]
+# A request's prompts, made ready in the verifier's vocabulary (drafter/serve/prompts.py).
+Render = Callable[[TextSide], list[Prompted]]
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ async def answer(
     try:
         pool = await backend.ready()
         # Off the event loop: a long prompt takes a while to tokenize.
-        prompts = await asyncio.to_thread(render, pool.slots[0].model)
+        prompts = await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
         for prompted in prompts:
             backend.check_prompt(prompted.prompt_ids)
     except Exception as exc:
@@ -240,9 +239,9 @@ async def stream(
                     yield ServerSentEvent(data=reply.chunk(index, text, logprobs=logprobs))
             call = None
             if sniffer is not None:
-                rest, call = sniffer.finish()
-                if rest:
-                    yield ServerSentEvent(data=reply.chunk(index, rest))
+                held, call = sniffer.finish()
+                if held:
+                    yield ServerSentEvent(data=reply.chunk(index, held))
                 if call is not None:
                     yield ServerSentEvent(data=reply.call_chunk(index, call))
             try:

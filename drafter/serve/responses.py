@@ -41,7 +41,7 @@ class SpeculativeFigures(BaseModel):
     tokens_per_round: float
     recoveries: int
     # Prompt tokens the draft model still had in its cache from an earlier request.
-    draft_cached_tokens: int = 0
+    draft_cached_tokens: int = 0  # not counted (0) for a pair with another tokenizer
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

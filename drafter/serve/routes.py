@@ -8,9 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from drafter.model import DraftModel
 from drafter.serve.backend import SpeculativeBackend
-from drafter.serve.prompts import Prompted, chat_prompts, completion_prompts
+from drafter.serve.prompts import Prompted, TextSide, chat_prompts, completion_prompts
 from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
 from drafter.serve.replies import answer
 from drafter.serve.responses import ChatCompletion, Completion, ModelCard, ModelList
@@ -52,9 +51,9 @@ async def models(backend: BackendDep) -> ModelList:
 
 @router.post("/completions", response_model=Completion)
 async def completions(http: Request, request: CompletionRequest, backend: BackendDep):
-    def render(model: DraftModel) -> list[Prompted]:
+    def render(side: TextSide) -> list[Prompted]:
         assert backend.info is not None  # loaded before any prompt is rendered
-        return completion_prompts(model, request, backend.info.n_vocab)
+        return completion_prompts(side, request, backend.info.n_vocab)
 
     max_tokens = request.max_tokens or 16
     return await answer(http, backend, request, render, max_tokens, chat=False)
@@ -62,8 +61,8 @@ async def completions(http: Request, request: CompletionRequest, backend: Backen
 
 @router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(http: Request, request: ChatCompletionRequest, backend: BackendDep):
-    def render(model: DraftModel) -> list[Prompted]:
-        return chat_prompts(model, request)
+    def render(side: TextSide) -> list[Prompted]:
+        return chat_prompts(side, request)
 
     max_tokens = request.max_completion_tokens or request.max_tokens or DEFAULT_CHAT_MAX_TOKENS
     return await answer(http, backend, request, render, max_tokens, chat=True)

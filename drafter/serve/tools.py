@@ -17,6 +17,8 @@ import json
 import uuid
 from typing import Any
 
+from pydantic import ValidationError
+
 from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
 from drafter.serve.responses import CalledFunction, ToolCall
@@ -30,24 +32,29 @@ def request_grammar(request: _Request) -> Grammar | None:
     """The one constraint a request asks for, as the verifier's grammar (two: a 400)."""
     asked: list[tuple[str, Grammar]] = []
     if request.grammar:
-        asked.append(("grammar", Grammar(kind="gbnf", source=request.grammar)))
+        asked.append(("grammar", _grammar("grammar", "gbnf", request.grammar)))
     if request.json_schema is not None:
-        asked.append(("json_schema", Grammar(kind="json_schema", source=request.json_schema)))
+        asked.append(("json_schema", _grammar("json_schema", "json_schema", request.json_schema)))
     if isinstance(request, ChatCompletionRequest):
         form = request.response_format
-        if form is not None and form.type == "json_object":
-            asked.append(
-                ("response_format", Grammar(kind="json_schema", source={"type": "object"}))
-            )
-        elif form is not None and form.json_schema is not None:
-            schema = form.json_schema.schema_ or {"type": "object"}
-            asked.append(("response_format", Grammar(kind="json_schema", source=schema)))
+        if form is not None and form.type != "text":
+            schema = form.json_schema.schema_ if form.json_schema is not None else None
+            source = schema or {"type": "object"}  # json_object: any object
+            asked.append(("response_format", _grammar("response_format", "json_schema", source)))
         if request.calls_tools:
             asked.append(("tools", tool_grammar(request)))
     if len(asked) > 1:
         names = ", ".join(name for name, _ in asked)
         raise invalid_request(f"one constraint at a time: {names}", param=asked[1][0])
     return asked[0][1] if asked else None
+
+
+def _grammar(field: str, kind: str, source: str | dict) -> Grammar:
+    try:
+        return Grammar(kind=kind, source=source)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise invalid_request(f"{field}: {reason}", param=field) from None
 
 
 def tool_grammar(request: ChatCompletionRequest) -> Grammar:
@@ -62,7 +69,7 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar:
         lark = f"start: call_block | TEXT\ncall_block: {call}\n{rules}\nTEXT: /[^<](.|\\n)*/"
     else:
         lark = f"start: {call}\n{rules}"
-    return Grammar(kind="lark", source=lark)
+    return _grammar("tools", "lark", lark)
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from server.shared.defaults import REPO_ROOT
@@ -126,6 +126,7 @@ class LocalServe:
         threads: int = 1,
         command_prefix: Sequence[str] = (),
         timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -147,6 +148,7 @@ class LocalServe:
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            env={**os.environ, **(env or {})},
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

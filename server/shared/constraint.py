@@ -30,6 +30,15 @@ import numpy as np
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
 TEMPLATES_KEPT = 64  # grammars compiled, the most recently used kept for new sessions
+# Tighter than llguidance's defaults: a client's grammar must not hold up every session's
+# rounds (a mask is computed on the engine thread) nor take much memory per grammar.
+LIMITS = llguidance.LLParserLimits(
+    step_lexer_fuel=50_000,  # a few ms of lexer work for one mask at most
+    step_max_items=20_000,
+    max_lexer_states=20_000,  # tens of MB at most
+    max_grammar_size=100_000,
+    verbose_errors=False,
+)
 
 
 class GrammarError(ValueError):
@@ -67,24 +76,40 @@ class Constraint:
             )
         else:
             llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, 0)
-        if self._matcher.is_error():
-            raise GrammarError(self._matcher.get_error())
+        self._check()
         allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
-        allowed = allowed[:, : logits.shape[1]].astype(bool)
-        if logits.shape[1] > self.n_vocab:  # padding tokens past the grammar's vocabulary
-            allowed[:, self.n_vocab :] = False
+        allowed = allowed[:, : min(logits.shape[1], self.n_vocab)].astype(bool)
+        if allowed.shape[1] < logits.shape[1]:  # padding tokens past the grammar's vocabulary
+            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[1] - allowed.shape[1])))
         return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def _check(self) -> None:
+        """A grammar past its limits (or broken) stops the matcher with a reason, not an
+        error: either is the grammar's failure, never a silent end of the text."""
+        matcher = self._matcher
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        reason = matcher.stop_reason()
+        if reason not in ("NotStopped", "EndOfSentence", "NoExtension", "NoExtensionBias"):
+            raise GrammarError(f"the grammar stopped: {reason}")
 
     def commit(self, tokens: Sequence[int]) -> Callable[[], None]:
         """Advance the state by the round's committed tokens; returns what undoes it."""
         matcher = self._matcher
         consumed = matcher.try_consume_tokens(list(tokens))
-        # The end of the grammar's text is not consumed by trying: it is taken on its own.
+        taken = consumed
+        # The end of the grammar's text is not consumed by trying: it is taken on its own
+        # (a matcher that stopped already, with nothing left to write, takes it as is).
         if consumed == len(tokens) - 1 and tokens[-1] in self._ends and matcher.is_accepting():
-            consumed += matcher.consume_token(tokens[-1])
-        if consumed < len(tokens):
+            if matcher.is_stopped():
+                taken += 1
+            elif matcher.consume_token(tokens[-1]):
+                consumed += 1
+                taken += 1
+        if taken < len(tokens):
             matcher.rollback(consumed)
-            raise GrammarError(f"token {tokens[consumed]} is not allowed by the grammar here")
+            raise GrammarError(f"token {tokens[taken]} is not allowed by the grammar here")
+        self._check()
         return lambda: matcher.rollback(consumed)
 
     @property
@@ -108,7 +133,8 @@ class Grammars:
         self._lock = threading.Lock()
 
     def constraint(self, kind: str, source: str | dict[str, Any]) -> Constraint:
-        key = hashlib.sha256(json.dumps([kind, source], sort_keys=True).encode()).hexdigest()
+        # The source exactly: a schema's keys are generated in its properties' order.
+        key = hashlib.sha256(json.dumps([kind, source]).encode()).hexdigest()
         with self._lock:
             template = self._templates.get(key)
             if template is not None:
@@ -119,7 +145,7 @@ class Grammars:
                 self._ends = frozenset(self._tokenizer.eos_tokens)
             tokenizer = self._tokenizer
         grammar = compile_grammar(kind, source)
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         with self._lock:

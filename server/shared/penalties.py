@@ -58,5 +58,6 @@ def token_logprobs(row: np.ndarray, token: int, top: int) -> tuple[float, list[t
     if top > 0:
         head = np.argpartition(-logprobs, top - 1)[:top]
         head = head[np.lexsort((head, -logprobs[head]))]
-        best = [(int(t), float(logprobs[t])) for t in head]
+        # A token the grammar forbids has no probability: never among the likeliest.
+        best = [(int(t), float(logprobs[t])) for t in head if np.isfinite(logprobs[t])]
     return float(logprobs[token]), best

@@ -131,7 +131,9 @@ class LlamaVocab:
 
         with warnings.catch_warnings():  # it reads each token's attributes by an older name
             warnings.simplefilter("ignore", DeprecationWarning)
-            return lltokenizer_from_vocab(self._vocab)
+            # Every end-of-generation token can end a grammar's text (a chat turn's end).
+            ends = [t for t in range(self.n_vocab) if self.is_eog(t)]
+            return lltokenizer_from_vocab(self._vocab, eos_token=ends or None)
 
     @property
     def fim_ids(self) -> tuple[int, int, int] | None:

@@ -99,17 +99,29 @@ def advised_draft(
     keep: int | None = None,
 ) -> int:
     """The k in [0, max_draft] with the most tokens per second of passes where `sharing`
-    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)`: the shortest
-    within NEAR_BEST of the best, or `keep` if it is shorter still and within
-    HOLD_SHORTER."""
+    sessions send k + 1 rows each and a pass of r rows takes `seconds(r)`: 0 if it beats
+    every draft by NEAR_BEST, or is that near and the session is alone (or `keep` is 0);
+    else the shortest draft within NEAR_BEST of the best draft, or `keep` if it is
+    shorter still and within HOLD_SHORTER."""
     sharing = max(sharing, 1.0)
     values = [
         expected_tokens(acceptance, k) / max(seconds(sharing * (k + 1)), 1e-12)
         for k in range(max_draft + 1)
     ]
-    best = max(values)
-    shortest = next(k for k, value in enumerate(values) if value >= best * (1 - NEAR_BEST))
-    if keep is not None and keep < shortest and values[keep] >= best * (1 - HOLD_SHORTER):
+    if max_draft < 1:
+        return 0
+    # Near a tie between no draft and a draft: alone, no draft (the session's user is
+    # then never slower than the verifier alone); sharing passes, a draft, unless no
+    # draft is held already (a chunk of the verifier's own tokens keeps a row in several
+    # passes of other sessions' rounds, which the curve does not price).
+    drafted = max(values[1:])
+    alone = sharing < 2.0
+    if values[0] > drafted * (1 + NEAR_BEST) or (
+        (alone or keep == 0) and values[0] >= drafted * (1 - NEAR_BEST)
+    ):
+        return 0
+    shortest = next(k for k in range(1, max_draft + 1) if values[k] >= drafted * (1 - NEAR_BEST))
+    if keep is not None and 0 < keep < shortest and values[keep] >= drafted * (1 - HOLD_SHORTER):
         return keep
     return shortest
 

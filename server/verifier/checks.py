@@ -14,6 +14,7 @@ from server.shared.protocol import (
     strategy_for,
 )
 from server.verifier.errors import (
+    APIError,
     ContextOverflow,
     DraftTooLong,
     InvalidDraftProbs,
@@ -74,6 +75,17 @@ def check_token_ids(ids: Sequence[int], n_vocab: int, where: str) -> None:
     for i, token in enumerate(ids):
         if not 0 <= token < n_vocab:
             raise InvalidToken(f"{where}[{i}] = {token} is outside [0, {n_vocab})")
+
+
+def check_generated(n_prompt: int, generated: int) -> int:
+    """The prompt's own length, the generated tokens at its end taken off (a reopened
+    session's); at least one token of it stays a prompt."""
+    if generated >= n_prompt:
+        raise APIError(
+            f"generated_tokens={generated}: the prompt has {n_prompt} tokens, and at least "
+            "its first is not generated"
+        )
+    return n_prompt - generated
 
 
 def check_prompt_len(n_tokens: int, n_ctx: int) -> None:

@@ -56,6 +56,7 @@ class Job:
     round_key: tuple | None = None  # a verify job's, computed once
     work: Work | None = None  # once begun (a chunk: its step now)
     chunk: ChunkSteps | None = None  # a round asking for several tokens: its steps so far
+    constraint: Any = None  # a prefill's grammar state, compiled off the engine thread
     queued_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -204,7 +205,7 @@ class CycleStep:
     def _begin(self, job: Job, keep: set[str], out: Step) -> bool:
         try:
             if isinstance(job.request, PrefillRequest):
-                job.work = self.engine.begin_prefill(job.request, keep, job.owner)
+                job.work = self.engine.begin_prefill(job.request, keep, job.owner, job.constraint)
                 job.session_id = job.work.session.session_id
                 out.evicted += job.work.reservation.evicted
                 out.moved += job.work.reservation.moved

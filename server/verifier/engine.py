@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.shared import vocab
-from server.shared.constraint import Constraint, GrammarError, Grammars
+from server.shared.constraint import Constraint, Grammars
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
-    Grammar,
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
@@ -52,13 +51,13 @@ from server.verifier.checks import (
     round_key,
 )
 from server.verifier.decoder import PassDecoder, PassRecord
+from server.verifier.decoding_rules import decoding_rules
 from server.verifier.errors import (
     APIError,
     DecodeFailed,
     EmptyPrompt,
     InternalError,
     InvalidDraftProbs,
-    InvalidGrammar,
     SessionBusy,
 )
 from server.verifier.eviction import Eviction
@@ -167,14 +166,14 @@ class Engine:
     # -- beginning work ---------------------------------------------------------------
 
     def begin_prefill(
-        self, request: PrefillRequest, keep: Iterable[str] = (), owner: str = "anonymous"
-    ) -> PrefillWork:
+        self, request: PrefillRequest, keep: Iterable[str] = (), owner: str = "anonymous",
+        constraint: Constraint | None = None,
+    ) -> PrefillWork:  # fmt: skip
         """Validate and reserve a KV sequence; sessions in `keep` (work queued) are never
-        evicted to make room."""
+        evicted to make room. `constraint`: the grammar's state, compiled already."""
         strategy = resolve_strategy(request)
-        check_token_ids(list(request.sampling.logit_bias), self.runtime.n_vocab, "logit_bias")
         prompt_ids = self.prompt_ids(request)
-        constraint = session_constraint(self.grammars, request.grammar)
+        prompt_len, constraint = decoding_rules(request, prompt_ids, self.grammars, constraint)
         session_id = request.session_id or uuid.uuid4().hex
         self.sessions.check_new_id(session_id)  # before anything is evicted for it
         reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep)
@@ -182,7 +181,7 @@ class Engine:
             session_id=session_id,
             seq_id=reservation.seq_id,
             tokens=list(prompt_ids),
-            prompt_len=len(prompt_ids),
+            prompt_len=prompt_len,
             sampling=request.sampling,
             strategy=strategy,
             threshold=request.threshold,
@@ -302,7 +301,7 @@ class Engine:
         response = PrefillResponse(
             session_id=session.session_id,
             prompt_ids=list(session.tokens),
-            prompt_len=session.prompt_len,
+            prompt_len=len(session.tokens),  # evaluated (a reopened session's output too)
             total_tokens=len(session.tokens),
             strategy=session.strategy,
             lossless=self.lossless(session.strategy),
@@ -368,14 +367,3 @@ def engine_info(engine: Engine) -> InfoResponse:
         prefix_cache=engine.prefix_cache,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )
-
-
-def session_constraint(grammars: Grammars, grammar: Grammar | None) -> Constraint | None:
-    """The grammar's state for a new session (compiled at its first use, a copy after: the
-    service compiles it off the engine thread first). Thread-safe."""
-    if grammar is None:
-        return None
-    try:
-        return grammars.constraint(grammar.kind, grammar.source)
-    except GrammarError as exc:
-        raise InvalidGrammar(f"grammar: {exc}") from None

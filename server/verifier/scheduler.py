@@ -103,9 +103,12 @@ class BatchScheduler:
 
     # -- the API the service uses (any thread, any event loop) -------------------------
 
-    async def prefill(self, request: PrefillRequest, owner: str = "anonymous") -> Opened:
+    async def prefill(
+        self, request: PrefillRequest, owner: str = "anonymous", constraint: Any = None
+    ) -> Opened:
+        """`constraint`: the request's grammar state, compiled off the engine thread."""
         # A chosen id is known from the start: work queued for it waits behind this.
-        job = Job(owner, request.session_id, request=request)
+        job = Job(owner, request.session_id, request=request, constraint=constraint)
         return await _result(self._enqueue(job))
 
     async def verify(

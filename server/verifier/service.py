@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
+from server.shared.constraint import Constraint
 from server.shared.protocol import (
     GenerateRequest,
     GenerateResponse,
@@ -26,7 +27,8 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 from server.verifier.checks import routing_header, session_id_named
-from server.verifier.engine import Engine, engine_info, session_constraint
+from server.verifier.decoding_rules import session_constraint
+from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
 from server.verifier.scheduler import BatchScheduler
@@ -60,34 +62,41 @@ class VerifierService:
             self._text_pool, partial(fn, *args, **kwargs)
         )
 
-    async def _tokenized(self, request: P, owner: str) -> P:
-        """The request with its prompt text tokenized in the text pool: the engine thread
-        only ever sees token ids. A text that cannot fit is refused untokenized, and so
-        is one past the key's TEXTS_PER_KEY (503, to retry). Its grammar is compiled there
-        too (checked, and kept for the engine to copy)."""
-        if request.grammar is not None:
-            await self._in_text_pool(session_constraint, self.engine.grammars, request.grammar)
-        if request.prompt is None:
-            return request
-        limit = self.engine.max_prompt_chars
-        if len(request.prompt) > limit:
+    async def _prepared(self, request: P, owner: str) -> tuple[P, Constraint | None]:
+        """The request with its prompt text tokenized, and its grammar compiled (the
+        session's state), in the text pool: the engine thread only ever sees token ids and
+        compiled grammars. A text that cannot fit is refused untokenized; work past the
+        key's TEXTS_PER_KEY is refused too (503, to retry)."""
+        if request.prompt is not None and len(request.prompt) > self.engine.max_prompt_chars:
             raise PromptTooLong(
-                f"the prompt has {len(request.prompt)} characters; no text over {limit} "
-                f"fits a session's {self.engine.n_ctx} tokens (VERIFIER_MAX_PROMPT_CHARS)"
+                f"the prompt has {len(request.prompt)} characters; no text over "
+                f"{self.engine.max_prompt_chars} fits a session's {self.engine.n_ctx} tokens "
+                "(VERIFIER_MAX_PROMPT_CHARS)"
             )
+        if request.prompt is None and request.grammar is None:
+            return request, None
         if self._texts_by_key[owner] >= TEXTS_PER_KEY:
             raise ServerFull(
-                f"this key has {TEXTS_PER_KEY} prompt texts being tokenized; retry shortly"
+                f"this key has {TEXTS_PER_KEY} prompts or grammars being prepared; retry shortly"
             )
         self._texts_by_key[owner] += 1
         try:
-            tokenize = self.engine.runtime.tokenize
-            ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
+            constraint = None
+            if request.grammar is not None:
+                grammars = self.engine.grammars
+                constraint = await self._in_text_pool(session_constraint, grammars, request.grammar)
+            if request.prompt is not None:
+                tokenize = self.engine.runtime.tokenize
+                ids = await self._in_text_pool(
+                    tokenize, request.prompt, add_special=request.add_bos
+                )
+                update = {"prompt": None, "prompt_tokens": ids, "add_bos": False}
+                request = request.model_copy(update=update)
         finally:
             self._texts_by_key[owner] -= 1
             if not self._texts_by_key[owner]:
                 del self._texts_by_key[owner]
-        return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
+        return request, constraint
 
     async def prefill(
         self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
@@ -95,7 +104,8 @@ class VerifierService:
         """Open a session. If the client went away meanwhile, nobody will read the answer:
         the session it opened is ended at once rather than hold its sequence until the
         idle TTL (a client that chose the id and retries finds it free)."""
-        opened = await self.scheduler.prefill(await self._tokenized(request, owner), owner)
+        request, constraint = await self._prepared(request, owner)
+        opened = await self.scheduler.prefill(request, owner, constraint)
         if gone is not None and await gone():
             await self._discard(opened, owner)
         return opened.response
@@ -120,7 +130,7 @@ class VerifierService:
         use, beside other sessions' rounds. Stops early (freeing its session) if the
         client went away."""
         began = time.perf_counter()
-        request = await self._tokenized(request, owner)
+        request, constraint = await self._prepared(request, owner)
         opened = await self.scheduler.prefill(
             PrefillRequest(
                 **request.model_dump(include={"prompt", "prompt_tokens"}, exclude_none=True),
@@ -131,6 +141,7 @@ class VerifierService:
                 strategy=None if request.sampling.greedy else "match",
             ),
             owner,
+            constraint,
         )
         prefill = opened.response
         prompt_done = time.perf_counter()

@@ -184,3 +184,13 @@ def test_what_the_verifier_answers_becomes_the_openai_error_it_means(raised, sta
         assert "--api-key" in error.message
     if code == "queue_full":
         assert error.headers == {"Retry-After": "2"}
+
+
+def test_a_constraint_too_large_is_a_400_naming_its_field(api):
+    huge = {"type": "object", "description": "x" * 70_000}
+    body = {"model": "any", "messages": [{"role": "user", "content": "hi"}]}
+    form = {"type": "json_schema", "json_schema": {"name": "big", "schema": huge}}
+    response = api.post("/v1/chat/completions", json={**body, "response_format": form})
+    assert assert_openai_error(response, 400, "response_format")["param"] == "response_format"
+    response = api.post("/v1/completions", json={**COMPLETION, "grammar": "x" * 70_000})
+    assert assert_openai_error(response, 400, "grammar")["param"] == "grammar"

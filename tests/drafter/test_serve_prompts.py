@@ -4,12 +4,10 @@ stand-in vocabulary (the real models' refusal is in tests/integration/test_opena
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from drafter.serve.errors import OpenAIError
-from drafter.serve.prompts import completion_prompts
+from drafter.serve.prompts import TextSide, completion_prompts
 from drafter.serve.protocol import CompletionRequest
 
 PRE, SUF, MID, BOS = 900, 901, 902, 1
@@ -27,10 +25,8 @@ class Vocab:
         return [BOS] * add_special + [ord(c) for c in text]
 
 
-def model(fim=(PRE, SUF, MID)):
-    return SimpleNamespace(
-        runtime=Vocab(fim), name="stand-in", token_bytes=lambda t: chr(t).encode()
-    )
+def model(fim=(PRE, SUF, MID)) -> TextSide:
+    return TextSide(Vocab(fim), lambda t: chr(t).encode(), "stand-in")  # type: ignore[arg-type]
 
 
 def test_a_suffix_is_framed_as_llama_cpps_server_frames_fill_in_the_middle():

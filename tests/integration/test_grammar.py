@@ -15,7 +15,7 @@ from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
 from server.shared.constraint import GrammarError, Grammars
-from server.shared.protocol import Grammar, PrefillRequest
+from server.shared.protocol import Grammar, PrefillRequest, VerifyRequest
 from server.shared.runtime import LlamaVocab
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.fixtures.scripted_length import ScriptedLength
@@ -121,3 +121,76 @@ def test_a_grammar_that_does_not_compile_is_a_400_naming_it(live_verifier):
     )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_grammar"
+
+
+def test_drafts_follow_the_grammar_so_more_are_accepted(live_verifier, drafter_model, monkeypatch):
+    """The draft model drafts under the session's grammar too: the same output, and more
+    of its drafts taken than when it drafts free (only acceptance is at stake)."""
+    grammar = Grammar(kind="json_schema", source=PERSON)
+
+    def run() -> tuple[list[int], int]:
+        model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+        try:
+            with VerifierClient(live_verifier.url) as client:
+                loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=TEST_N_CTX)
+                request = PrefillRequest(prompt=PROMPT, grammar=grammar)
+                for _ in loop.run(request, 48):
+                    pass
+        finally:
+            model.close()
+        return loop.result.tokens, loop.result.stats.accepted
+
+    followed, accepted_following = run()
+    monkeypatch.setattr(DraftModel, "follow", lambda *args: None)
+    free, accepted_free = run()
+    assert followed == free
+    assert accepted_following > accepted_free
+
+
+def test_a_schemas_property_order_is_its_own(vocab):
+    """Two schemas alike but for their properties' order are two grammars (the keys come
+    in the order given): one compiled first must not answer for the other."""
+    grammars = Grammars(vocab.grammar_tokenizer, vocab.n_vocab)
+    properties = {"name": {"type": "string"}, "age": {"type": "integer"}}
+    forward = {"type": "object", "properties": properties, "required": ["name", "age"]}
+    backward = {**forward, "properties": dict(reversed(properties.items()))}
+    start = vocab.tokenize('{"age": 3', add_special=False)
+    grammars.constraint("json_schema", forward)  # compiled and kept first
+    grammars.constraint("json_schema", backward).commit(start)
+    with pytest.raises(GrammarError):
+        grammars.constraint("json_schema", forward).commit(start)
+
+
+def test_a_session_opened_again_goes_on_under_its_grammar_and_penalties(live_verifier):
+    """A client that lost its session opens it again on everything committed, the
+    generated tokens said as such: the grammar's state and the penalties' counts are
+    after them, and the rest is what the first session would have given."""
+    grammar = Grammar(kind="json_schema", source=PERSON)
+    sampling = {"presence_penalty": 0.5, "frequency_penalty": 0.3}
+    with VerifierClient(live_verifier.url) as client:
+        opened = client.prefill(PrefillRequest(prompt=PROMPT))
+        client.delete_session(opened.session_id)
+    prompt_ids = list(opened.prompt_ids)
+    body = {"prompt_tokens": prompt_ids, "max_tokens": 40, "grammar": grammar.model_dump()}
+    whole = httpx.post(
+        f"{live_verifier.url}/generate", json={**body, "sampling": sampling}, timeout=120
+    ).json()["tokens"]
+    cut = 6
+    reopened = {
+        "prompt_tokens": prompt_ids + whole[:cut],
+        "generated_tokens": cut,
+        "grammar": grammar.model_dump(),
+        "sampling": sampling,
+    }
+    with VerifierClient(live_verifier.url) as client:
+        session = client.prefill(PrefillRequest.model_validate(reopened))
+        rest: list[int] = []
+        total = session.total_tokens
+        while len(rest) < len(whole) - cut:
+            answer = client.verify(VerifyRequest(session_id=session.session_id, n_past=total))
+            rest += answer.tokens
+            total = answer.total_tokens
+            if answer.eos:
+                break
+        client.delete_session(session.session_id)
+    assert rest == whole[cut:]

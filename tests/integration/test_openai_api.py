@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 class LocalAPI(LocalServe):
-    def __init__(self, verifier_url: str, *extra: str):
-        super().__init__(verifier_url, *extra, threads=TEST_THREADS)
+    def __init__(self, verifier_url: str, *extra: str, env: dict[str, str] | None = None):
+        super().__init__(verifier_url, *extra, threads=TEST_THREADS, env=env)
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=120)
@@ -159,7 +159,7 @@ def test_a_vocabulary_mismatch_is_a_clear_error(live_verifier, tmp_path):
     from tests.fixtures.tiny_gguf import write_tiny_gguf
 
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
-    api = LocalAPI(live_verifier.url, "--model", str(tiny))
+    api = LocalAPI(live_verifier.url, "--model", str(tiny), "--no-translate")
     try:
         with pytest.raises(openai.APIStatusError) as error:
             api.client().chat.completions.create(
@@ -581,3 +581,83 @@ def test_auto_tool_choice_answers_in_words_or_with_a_valid_call(local_api):
         assert set(arguments) == {"city", "unit"}
     else:
         assert result.message.content and not result.message.content.startswith("<")
+
+
+def test_a_translated_pair_serves_the_verifiers_own_text(live_verifier, gemma, tmp_path):
+    """Gemma (another tokenizer) drafting for the verifier through text, as the CLI does:
+    the verifier's chat template and tokenizer make the prompt, the verifier's ids the
+    text; greedy, its own text token for token; sampling verified by match."""
+    api = LocalAPI(
+        live_verifier.url, "--model", gemma, "--draft-n", "4", env={"XDG_CACHE_HOME": str(tmp_path)}
+    )
+    try:
+        client = api.client()
+        chat = client.chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24,
+            temperature=0,
+        )
+        assert chat.choices[0].message.content == verifier_text(live_verifier, CHAT_PROMPT, 24)
+        assert chat.model_extra["speculative"]["vocab"] == "translated"
+        assert chat.model_extra["speculative"]["drafted"] > 0
+        prompt = "The three laws of motion are"
+        text = client.completions.create(model="any", prompt=prompt, max_tokens=16, temperature=0)
+        assert text.choices[0].text == verifier_text(live_verifier, prompt, 16)
+        sampled = client.completions.create(
+            model="any", prompt=prompt, max_tokens=8, temperature=0.8, seed=2
+        )
+        assert sampled.model_extra["speculative"]["strategy"] == "match"
+    finally:
+        api.stop()
+
+
+def test_every_choice_of_a_streamed_tool_call_comes(local_api):
+    chunks = list(
+        local_api.client().chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "What's the weather like in Rome?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=60,
+            temperature=0.7,
+            seed=1,
+            n=2,
+            stream=True,
+        )
+    )
+    calls = {
+        c.choices[0].index: d.function.name
+        for c in chunks
+        if c.choices
+        for d in c.choices[0].delta.tool_calls or ()
+    }
+    assert calls == {0: "get_weather", 1: "get_weather"}
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes.count("tool_calls") == 2
+
+
+def test_logprobs_under_a_grammar_list_only_the_tokens_it_allows(local_api):
+    """At the end of a JSON answer the grammar allows the end alone: the top list has
+    what it allows, every logprob finite."""
+    result = (
+        local_api.client()
+        .chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "A person, as JSON."}],
+            max_tokens=60,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=5,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON},
+            },
+        )
+        .choices[0]
+    )
+    content = result.logprobs.content
+    assert content and all(c.top_logprobs for c in content)
+    assert all(t.logprob > float("-inf") for c in content for t in c.top_logprobs)
+    if result.finish_reason == "stop":
+        assert len(content[-1].top_logprobs) < 5  # the end: only the end-of-turn tokens

@@ -20,8 +20,9 @@ from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel, DraftPolicy
 from server.shared.batching import Piece, decode_pieces
+from server.shared.constraint import Grammars
 from server.shared.penalties import adjusted_rows
-from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
+from server.shared.protocol import Grammar, PrefillRequest, SamplingParams, VerifyRequest
 from server.shared.runtime import LlamaRuntime
 from server.shared.sampling import probabilities
 from tests.conftest import TEST_N_CTX, TEST_THREADS
@@ -89,12 +90,17 @@ def first_tokens(
     pipeline: bool = False,
     draft_n=1,
     adjusted: dict | None = None,
+    grammar: Grammar | None = None,
 ):
     sampling = sampling_for(seed, **(adjusted or {}))
     model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
     loop = SpeculativeLoop(model, client, draft_n=draft_n, n_ctx=TEST_N_CTX, pipeline=pipeline)
     request = PrefillRequest(
-        prompt_tokens=prompt_ids, add_bos=False, sampling=sampling, strategy=strategy
+        prompt_tokens=prompt_ids,
+        add_bos=False,
+        sampling=sampling,
+        strategy=strategy,
+        grammar=grammar,
     )
     for _ in loop.run(request, n):
         pass
@@ -242,6 +248,58 @@ def test_penalties_and_biases_keep_sampling_exact(
             counts[pair] = counts.get(pair, 0) + 1
     assert set(counts) <= set(exact), "a pair the penalised distribution rules out"
     pvalue = chi_square_pvalue(counts, exact, RUNS)
+    assert pvalue > 1e-3, (pvalue, counts)
+
+
+# Lowercase words after a space: the verifier's likeliest first tokens, cut to some of them.
+WORDS = Grammar(kind="regex", source=r" [a-m][a-z]*( [a-z]+)*")
+
+
+@pytest.fixture(scope="module")
+def grammar_joint(verifier_model, prompt_ids) -> dict[tuple[int, int], float]:
+    """P(t1, t2) under WORDS, from the verifier model's logits: each row masked by the
+    grammar's state after the tokens before it."""
+    runtime = LlamaRuntime(verifier_model, n_ctx_per_seq=256, n_threads=TEST_THREADS)
+    try:
+        grammars = Grammars(runtime.grammar_tokenizer, runtime.n_vocab)
+        constraint = grammars.constraint(WORDS.kind, WORDS.source)
+        sampling = sampling_for(None)
+        row = last_logits(runtime, prompt_ids, 0)
+        first = probabilities(constraint.mask_rows(row[None], [])[0], sampling)
+        joint = {}
+        for t1 in np.flatnonzero(first):
+            runtime.remove(0, len(prompt_ids))
+            logits = last_logits(runtime, [int(t1)], len(prompt_ids))
+            second = probabilities(_after(constraint, int(t1), logits), sampling)
+            for t2 in np.flatnonzero(second):
+                joint[(int(t1), int(t2))] = float(first[t1] * second[t2])
+        return joint
+    finally:
+        runtime.close()
+
+
+def _after(constraint, token: int, logits: np.ndarray) -> np.ndarray:
+    """`logits` masked by the grammar's state after `token`, the state put back after."""
+    undo = constraint.commit([token])
+    try:
+        return constraint.mask_rows(logits[None], [])[0]
+    finally:
+        undo()
+
+
+def test_a_grammar_keeps_sampling_exact(live_verifier, draft_model, prompt_ids, grammar_joint):
+    """Drafts judged by rejection sampling against the verifier's rows masked by the
+    grammar (the second row by its state after the first token, drafted or not): the
+    first two tokens follow the masked distribution."""
+    counts: dict[tuple[int, int], int] = {}
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(RUNS):
+            pair, _ = first_tokens(
+                client, draft_model, prompt_ids, "rejection", seed, grammar=WORDS
+            )
+            counts[pair] = counts.get(pair, 0) + 1
+    assert set(counts) <= set(grammar_joint), "a pair the grammar rules out"
+    pvalue = chi_square_pvalue(counts, grammar_joint, RUNS)
     assert pvalue > 1e-3, (pvalue, counts)
 
 

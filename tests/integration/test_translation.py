@@ -5,14 +5,11 @@ token for token. Gemma comes from PyPI in chunk packages, prepared once per run.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from drafter.cli import app
-from server.shared.defaults import MODELS_DIR, REPO_ROOT
 from tests.conftest import TEST_THREADS
 
 pytestmark = pytest.mark.integration
@@ -26,21 +23,6 @@ PLAIN = [
 CHAT = ["Name three rivers in Europe.", "What is the capital of France?"]
 NEW_TOKENS = 24
 runner = CliRunner()
-
-
-@pytest.fixture(scope="session")
-def gemma() -> str:
-    """Prepared once (idempotent: a file whose checksum matches is kept). A failure is
-    the test's failure, with pip's or the checksum's reason: never a skip."""
-    done = subprocess.run(
-        [sys.executable, "scripts/prepare_models.py", "--pair", "gemma-smollm2"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"Gemma 3 270M could not be prepared:\n{done.stdout}\n{done.stderr}")
-    return str(MODELS_DIR / "gemma-3-270m-q4_k_m.gguf")
 
 
 @pytest.fixture(autouse=True)

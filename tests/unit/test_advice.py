@@ -161,3 +161,14 @@ def test_below_the_smallest_pass_seen_the_time_is_in_proportion_to_the_rows():
         cost.observe(8, 0.060, sessions=2)
     t = cost.seconds()
     assert t(1) == pytest.approx(0.010) and t(2) == pytest.approx(0.020)
+
+
+def test_near_a_tie_between_no_draft_and_a_draft_alone_chunks_and_shared_drafts():
+    """Alone, a tie goes to no draft (never slower than the verifier alone); sessions
+    sharing passes draft, unless no draft is what they hold or it is clearly best."""
+    seconds = line_seconds(0.0)  # rows cost exactly their number
+    tie = 0.96  # E(1) / 2 = 0.98: a draft 2% below no draft
+    assert advised_draft(tie, seconds, sharing=1.0, max_draft=4) == 0
+    assert advised_draft(tie, seconds, sharing=8.0, max_draft=4) == 1
+    assert advised_draft(tie, seconds, sharing=8.0, max_draft=4, keep=0) == 0
+    assert advised_draft(0.5, seconds, sharing=8.0, max_draft=4, keep=1) == 0  # 0.75: far
