@@ -145,7 +145,8 @@ class SpeculativeLoop:
         session = [opened.session_id]  # a recovery replaces it
         try:
             self._opened(opened, self.clock() - began)
-            follow_rules(self.drafter, prefill, len(opened.prompt_ids))
+            prompt_len = len(opened.prompt_ids) - prefill.generated_tokens
+            follow_rules(self.drafter, prefill, prompt_len)
             yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
             self.warming.wait()  # no thread left using the draft model after the run
@@ -214,7 +215,7 @@ class SpeculativeLoop:
                 # Evicted or expired: a new session from every committed token continues
                 # exactly where this one stopped.
                 lost_in_a_row += 1
-                prompt_len = len(self.result.prompt_ids)
+                prompt_len = len(self.result.prompt_ids) - prefill.generated_tokens
                 session[0] = self.sessions.reopen(prefill, committed, prompt_len)
                 result.stats.recoveries += 1
                 continue

@@ -94,3 +94,10 @@ class ModelWithNgram:
 
     def warm(self, prefill) -> None:
         self.model.warm(prefill)
+
+    def follow(self, *rules) -> None:
+        """The model's drafts follow the verifier's rules (DraftModel.follow); the n-gram
+        drafts copy the text, which followed them."""
+        follow = getattr(self.model, "follow", None)
+        if follow is not None:
+            follow(*rules)

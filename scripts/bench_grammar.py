@@ -2,9 +2,11 @@
 """What masking one row of logits by a grammar costs, with llguidance (what the verifier
 uses, server/shared/constraint.py) and with llama.cpp's own grammar sampler, over the
 default verifier's vocabulary: the mask at each position of a JSON answer, the median.
-A round masks k + 1 rows. A table, not a test.
+A round masks k + 1 rows. With --acceptance, also how many drafts the verifier accepts
+under a JSON schema when the draft model drafts under it too, and when it drafts free
+(a verifier on 127.0.0.1, the default pair, greedy, k = 4). Tables, not tests.
 
-    .venv/bin/python scripts/bench_grammar.py
+    .venv/bin/python scripts/bench_grammar.py --acceptance
 """
 
 from __future__ import annotations
@@ -82,9 +84,56 @@ def llguidance_masks(
     return seconds, compile_s
 
 
+PROMPTS = (
+    "Describe a person as JSON.",
+    "Give me a JSON object for a new employee.",
+    "Invent a character for a story, as JSON.",
+)
+
+
+def acceptance_rows(new_tokens: int = 64) -> list[tuple[str, str, int, int, bool]]:
+    """Per prompt and way of drafting: (prompt, way, drafted, accepted, output alike)."""
+    from drafter.client import VerifierClient
+    from drafter.loop import SpeculativeLoop
+    from drafter.model import DraftModel
+    from scripts.harness.local import LocalVerifier
+    from server.shared.defaults import DEFAULT_DRAFTER_MODEL
+    from server.shared.protocol import Grammar, PrefillRequest
+
+    grammar = Grammar(kind="json_schema", source=SCHEMA)
+    rows = []
+    env = {"VERIFIER_N_THREADS": "1", "VERIFIER_MAX_SESSIONS": "2"}
+    with LocalVerifier(env) as verifier, VerifierClient(verifier.url) as client:
+        model = DraftModel(DEFAULT_DRAFTER_MODEL, n_ctx=2048, n_threads=1)
+        try:
+            for text in PROMPTS:
+                prompt = model.runtime.chat_prompt(text)
+                outputs = []
+                for way in ("under the grammar", "free"):
+                    if way == "free":
+                        model.follow = lambda *args: None  # type: ignore[method-assign]
+                    loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=1024)
+                    for _ in loop.run(PrefillRequest(prompt=prompt, grammar=grammar), new_tokens):
+                        pass
+                    del model.follow
+                    stats = loop.result.stats
+                    outputs.append(loop.result.tokens)
+                    rows.append((text, way, stats.drafted, stats.accepted, False))
+                alike = outputs[0] == outputs[1]
+                rows[-2:] = [(*row[:4], alike) for row in rows[-2:]]
+        finally:
+            model.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=first_paragraph(__doc__), formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--acceptance",
+        action="store_true",
+        help="Also measure drafts accepted under a JSON schema, drafting under it or free.",
     )
     parser.add_argument(
         "--model",
@@ -109,6 +158,12 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, seconds in (("llguidance", guided), ("llama.cpp grammar sampler", native)):
         print(f"| {name} | {1000 * statistics.median(seconds):.3f} | {1000 * max(seconds):.3f} |")
+    if args.acceptance:
+        print("\n| prompt | drafts | drafted | accepted | acceptance | output alike |")
+        print("|---|---|---:|---:|---:|---|")
+        for text, way, drafted, accepted, alike in acceptance_rows():
+            rate = accepted / drafted if drafted else 0.0
+            print(f"| {text} | {way} | {drafted} | {accepted} | {rate:.2f} | {alike} |")
 
 
 if __name__ == "__main__":

@@ -30,14 +30,22 @@ import numpy as np
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
 TEMPLATES_KEPT = 64  # grammars compiled, the most recently used kept for new sessions
-# Tighter than llguidance's defaults: a client's grammar must not hold up every session's
-# rounds (a mask is computed on the engine thread) nor take much memory per grammar.
-LIMITS = llguidance.LLParserLimits(
-    step_lexer_fuel=50_000,  # a few ms of lexer work for one mask at most
-    step_max_items=20_000,
-    max_lexer_states=20_000,  # tens of MB at most
-    max_grammar_size=100_000,
-    verbose_errors=False,
+# llguidance's own limits on a grammar's size and the work of one mask, but for its error
+# messages, which would quote the client's grammar back into logs.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+
+# A matcher's stop reasons that end the text normally (the grammar complete, or a token
+# limit of the grammar's own): past them only the end of the text is allowed.
+STOPPED_WELL = frozenset(
+    {
+        "NotStopped",
+        "EndOfSentence",
+        "NoExtension",
+        "NoExtensionBias",
+        "MaxTokensTotal",
+        "MaxTokensParser",
+    }
 )
 
 
@@ -90,7 +98,7 @@ class Constraint:
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         reason = matcher.stop_reason()
-        if reason not in ("NotStopped", "EndOfSentence", "NoExtension", "NoExtensionBias"):
+        if reason not in STOPPED_WELL:
             raise GrammarError(f"the grammar stopped: {reason}")
 
     def commit(self, tokens: Sequence[int]) -> Callable[[], None]:
@@ -106,10 +114,13 @@ class Constraint:
             elif matcher.consume_token(tokens[-1]):
                 consumed += 1
                 taken += 1
-        if taken < len(tokens):
+        try:
+            if taken < len(tokens):
+                raise GrammarError(f"token {tokens[taken]} is not allowed by the grammar here")
+            self._check()
+        except GrammarError:
             matcher.rollback(consumed)
-            raise GrammarError(f"token {tokens[taken]} is not allowed by the grammar here")
-        self._check()
+            raise
         return lambda: matcher.rollback(consumed)
 
     @property

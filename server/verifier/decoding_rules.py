@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from server.shared.constraint import Constraint, GrammarError, Grammars
-from server.shared.protocol import Grammar, PrefillRequest
+from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest
 from server.verifier.checks import check_generated, check_token_ids
 from server.verifier.errors import InvalidGrammar
 
@@ -30,14 +30,25 @@ def decoding_rules(
     constraint: Constraint | None = None,
 ) -> tuple[int, Constraint | None]:
     """A new session's prompt length (a reopened session's generated tokens taken off)
-    and grammar state (`constraint`, compiled already; else from `grammars`), after those
-    tokens; its biases' token ids checked."""
+    and grammar state after those tokens (`constraint`: prepared already, by
+    `prepared_constraint`; else made here from `grammars`); its biases' ids checked."""
     check_token_ids(list(request.sampling.logit_bias), grammars.n_vocab, "logit_bias")
     prompt_len = check_generated(len(prompt_ids), request.generated_tokens)
-    constraint = constraint or session_constraint(grammars, request.grammar)
-    if constraint is not None and prompt_len < len(prompt_ids):
+    if constraint is None:
+        constraint = prepared_constraint(grammars, request, prompt_ids)
+    return prompt_len, constraint
+
+
+def prepared_constraint(
+    grammars: Grammars, request: PrefillRequest | GenerateRequest, prompt_ids: Sequence[int]
+) -> Constraint | None:
+    """The request's grammar state, after the generated tokens its prompt ends with (a
+    reopened session's). Thread-safe: the service prepares it in its text pool."""
+    constraint = session_constraint(grammars, request.grammar)
+    generated = getattr(request, "generated_tokens", 0)  # /generate's: none
+    if constraint is not None and 0 < generated < len(prompt_ids):
         try:
-            constraint.commit(prompt_ids[prompt_len:])
+            constraint.commit(prompt_ids[-generated:])
         except GrammarError as exc:
             raise InvalidGrammar(f"the generated tokens break the grammar: {exc}") from None
-    return prompt_len, constraint
+    return constraint

@@ -12,10 +12,11 @@ from collections.abc import Callable
 import numpy as np
 
 from server.shared.acceptance import judge
+from server.shared.constraint import Constraint, GrammarError
 from server.shared.penalties import adjusted_rows, token_logprobs
 from server.shared.protocol import RoundTimings, Strategy, TokenLogprob, VerifyResponse
 from server.verifier.advice import Acceptance
-from server.verifier.errors import NonFiniteNumbers
+from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
 from server.verifier.sessions import Session
 
@@ -41,7 +42,7 @@ def finish_round(
         generated = session.tokens[session.prompt_len :]
         logits = adjusted_rows(logits, session.sampling, generated, work.draft_tokens)
         if session.constraint is not None:
-            logits = session.constraint.mask_rows(logits, work.draft_tokens)
+            logits = _masked(session.constraint, logits, work.draft_tokens)
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
         verdict = judge(
             session.strategy,
@@ -80,8 +81,8 @@ def finish_round(
                 else _logprobs(logits, verdict.tokens, session.logprobs)
             ),
         )
-        if session.constraint is not None:  # last: nothing after it can fail
-            session.constraint.commit(verdict.tokens)
+        if session.constraint is not None:  # last: it undoes itself if it fails
+            _masked(session.constraint, None, verdict.tokens)
     except BaseException:
         if rng_state is not None:
             session.rng.bit_generator.state = rng_state
@@ -94,6 +95,17 @@ def finish_round(
     session.last_round_key, session.last_response = work.round_key, response
     session.work, work.closed = None, True
     return response
+
+
+def _masked(constraint: Constraint, logits: np.ndarray | None, tokens: list[int]):
+    """The rows masked by the grammar (`logits` given), or the committed tokens consumed;
+    a grammar that fails here (a limit it reached) is the client's to hear of, as a 400."""
+    try:
+        if logits is None:
+            return constraint.commit(tokens)
+        return constraint.mask_rows(logits, tokens)
+    except GrammarError as exc:
+        raise InvalidGrammar(f"the grammar failed here: {exc}") from None
 
 
 def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:

@@ -27,7 +27,7 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 from server.verifier.checks import routing_header, session_id_named
-from server.verifier.decoding_rules import session_constraint
+from server.verifier.decoding_rules import prepared_constraint
 from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
@@ -82,9 +82,6 @@ class VerifierService:
         self._texts_by_key[owner] += 1
         try:
             constraint = None
-            if request.grammar is not None:
-                grammars = self.engine.grammars
-                constraint = await self._in_text_pool(session_constraint, grammars, request.grammar)
             if request.prompt is not None:
                 tokenize = self.engine.runtime.tokenize
                 ids = await self._in_text_pool(
@@ -92,6 +89,10 @@ class VerifierService:
                 )
                 update = {"prompt": None, "prompt_tokens": ids, "add_bos": False}
                 request = request.model_copy(update=update)
+            if request.grammar is not None:
+                constraint = await self._in_text_pool(
+                    prepared_constraint, self.engine.grammars, request, request.prompt_tokens
+                )
         finally:
             self._texts_by_key[owner] -= 1
             if not self._texts_by_key[owner]:
