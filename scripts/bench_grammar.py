@@ -115,7 +115,8 @@ def acceptance_rows(new_tokens: int = 64) -> list[tuple[str, str, int, int, bool
                     loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=1024)
                     for _ in loop.run(PrefillRequest(prompt=prompt, grammar=grammar), new_tokens):
                         pass
-                    del model.follow
+                    if way == "free":
+                        del model.follow
                     stats = loop.result.stats
                     outputs.append(loop.result.tokens)
                     rows.append((text, way, stats.drafted, stats.accepted, False))

@@ -25,6 +25,7 @@ from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import PrefillRequest, SamplingParams
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.fixtures.scripted_length import ScriptedLength
+from tests.fixtures.speculate import speculate
 
 pytestmark = pytest.mark.integration
 
@@ -135,24 +136,19 @@ def test_rounds_of_every_kind_in_turn_equal_the_verifier_alone(
     live_verifier, drafter_model, expected, name, pipeline
 ):
     prompt_ids, generated, reference_tokens = expected[name]
-    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
-    try:
-        with VerifierClient(live_verifier.url) as client:
-            loop = SpeculativeLoop(
-                model,
-                client,
-                draft_n=ScriptedLength(EVERY_KIND_OF_ROUND),
-                n_ctx=TEST_N_CTX,
-                pipeline=pipeline,
-            )
-            request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False)
-            rounds = list(loop.run(request, NEW_TOKENS))
-    finally:
-        model.close()
-    assert loop.result.tokens == generated == reference_tokens
+    request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False)
+    rounds, result = speculate(
+        live_verifier.url,
+        drafter_model,
+        request,
+        NEW_TOKENS,
+        ScriptedLength(EVERY_KIND_OF_ROUND),
+        pipeline,
+    )
+    assert result.tokens == generated == reference_tokens
     chunks = [r for r in rounds if not r.draft_tokens and len(r.tokens) > 1]
     assert chunks, "no round brought a chunk"
-    stats = loop.result.stats.as_dict()
+    stats = result.stats.as_dict()
     assert stats["generated_tokens"] == committed_by_rounds(stats)
 
 
@@ -319,15 +315,8 @@ def test_penalties_and_biases_over_every_kind_of_round_equal_the_verifier_alone(
     ).json()["tokens"]
     assert generated != plain
     assert generated == reference.greedy(prompt_ids, NEW_TOKENS, naive_adjust(bias))
-    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
-    try:
-        with VerifierClient(live_verifier.url) as client:
-            loop = SpeculativeLoop(
-                model, client, draft_n=ScriptedLength(EVERY_KIND_OF_ROUND), n_ctx=TEST_N_CTX
-            )
-            request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False, sampling=sampling)
-            rounds = list(loop.run(request, NEW_TOKENS))
-    finally:
-        model.close()
-    assert loop.result.tokens == generated
+    request = PrefillRequest(prompt_tokens=prompt_ids, add_bos=False, sampling=sampling)
+    script = ScriptedLength(EVERY_KIND_OF_ROUND)
+    rounds, result = speculate(live_verifier.url, drafter_model, request, NEW_TOKENS, script)
+    assert result.tokens == generated
     assert any(r.accepted_prefix_len for r in rounds), "no draft was accepted"

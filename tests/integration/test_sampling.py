@@ -107,6 +107,18 @@ def first_tokens(
     return tuple(loop.result.tokens), loop.result.stats
 
 
+def sampled_pairs(
+    url: str, draft_model, prompt_ids, strategy: str = "rejection", **options
+) -> dict[tuple[int, int], int]:
+    """How often each pair of first tokens came, over RUNS seeded generations."""
+    counts: dict[tuple[int, int], int] = {}
+    with VerifierClient(url) as client:
+        for seed in range(RUNS):
+            pair, _ = first_tokens(client, draft_model, prompt_ids, strategy, seed, **options)
+            counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
 def chi_square_pvalue(counts: dict, exact: dict, runs: int) -> float:
     """Chi-square over the outcomes expected at least 5 times; the rest pooled."""
     big = [key for key, p in exact.items() if p * runs >= 5]
@@ -127,11 +139,7 @@ def chi_square_pvalue(counts: dict, exact: dict, runs: int) -> float:
 def test_first_two_tokens_follow_the_verifier_distribution(
     live_verifier, draft_model, prompt_ids, exact_joint, strategy
 ):
-    counts: dict[tuple[int, int], int] = {}
-    with VerifierClient(live_verifier.url) as client:
-        for seed in range(RUNS):
-            pair, _ = first_tokens(client, draft_model, prompt_ids, strategy, seed)
-            counts[pair] = counts.get(pair, 0) + 1
+    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, strategy)
     assert set(counts) <= set(exact_joint), "a pair the verifier gives no probability"
     pvalue = chi_square_pvalue(counts, exact_joint, RUNS)
     assert pvalue > 1e-3, (strategy, pvalue, counts)
@@ -239,13 +247,7 @@ def test_penalties_and_biases_keep_sampling_exact(
     against the verifier's penalised one (the second token's row penalised for the first,
     drafted or not): the first two tokens follow the penalised distribution."""
     adjusted, exact = penalised_joint
-    counts: dict[tuple[int, int], int] = {}
-    with VerifierClient(live_verifier.url) as client:
-        for seed in range(RUNS):
-            pair, _ = first_tokens(
-                client, draft_model, prompt_ids, "rejection", seed, adjusted=adjusted
-            )
-            counts[pair] = counts.get(pair, 0) + 1
+    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, adjusted=adjusted)
     assert set(counts) <= set(exact), "a pair the penalised distribution rules out"
     pvalue = chi_square_pvalue(counts, exact, RUNS)
     assert pvalue > 1e-3, (pvalue, counts)
@@ -291,13 +293,7 @@ def test_a_grammar_keeps_sampling_exact(live_verifier, draft_model, prompt_ids, 
     """Drafts judged by rejection sampling against the verifier's rows masked by the
     grammar (the second row by its state after the first token, drafted or not): the
     first two tokens follow the masked distribution."""
-    counts: dict[tuple[int, int], int] = {}
-    with VerifierClient(live_verifier.url) as client:
-        for seed in range(RUNS):
-            pair, _ = first_tokens(
-                client, draft_model, prompt_ids, "rejection", seed, grammar=WORDS
-            )
-            counts[pair] = counts.get(pair, 0) + 1
+    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, grammar=WORDS)
     assert set(counts) <= set(grammar_joint), "a pair the grammar rules out"
     pvalue = chi_square_pvalue(counts, grammar_joint, RUNS)
     assert pvalue > 1e-3, (pvalue, counts)
