@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from server.verifier.advice import Acceptance
 from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
 from server.verifier.sessions import Session
+
+T = TypeVar("T")
 
 
 def finish_round(
@@ -36,13 +39,14 @@ def finish_round(
     undone leaves no trace at all."""
     session = work.session
     rng_state = session.rng.bit_generator.state if session.strategy != Strategy.greedy else None
+    undo_grammar: Callable[[], None] | None = None
     try:
         if not np.isfinite(logits).all():
             raise NonFiniteNumbers("the model's logits are not finite for this round")
         generated = session.tokens[session.prompt_len :]
         logits = adjusted_rows(logits, session.sampling, generated, work.draft_tokens)
         if session.constraint is not None:
-            logits = _masked(session.constraint, logits, work.draft_tokens)
+            logits = _by_grammar(lambda: session.constraint.mask_rows(logits, work.draft_tokens))
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
         verdict = judge(
             session.strategy,
@@ -55,6 +59,9 @@ def finish_round(
             session.rng,
             is_eog,
         )
+        # The grammar's state advanced before anything else changes (undone if a later
+        # step fails): the KV trim below is the session's first change.
+        undo_grammar = _committed(session.constraint, verdict.tokens)
         acceptance = session.acceptance.after(len(work.draft_tokens), verdict.accepted_prefix_len)
         last_draft = len(work.draft_tokens) or session.last_draft
         advised = advise(acceptance, last_draft) if advise is not None else None
@@ -81,11 +88,11 @@ def finish_round(
                 else _logprobs(logits, verdict.tokens, session.logprobs)
             ),
         )
-        if session.constraint is not None:  # last: it undoes itself if it fails
-            _masked(session.constraint, None, verdict.tokens)
     except BaseException:
         if rng_state is not None:
             session.rng.bit_generator.state = rng_state
+        if undo_grammar is not None:
+            undo_grammar()
         raise
     session.tokens.extend(verdict.tokens)
     session.decoded_tokens += len(work.tokens)
@@ -97,15 +104,21 @@ def finish_round(
     return response
 
 
-def _masked(constraint: Constraint, logits: np.ndarray | None, tokens: list[int]):
-    """The rows masked by the grammar (`logits` given), or the committed tokens consumed;
-    a grammar that fails here (a limit it reached) is the client's to hear of, as a 400."""
+def _by_grammar(step: Callable[[], T]) -> T:
+    """A grammar step; a grammar that fails there (a limit it reached) is the client's
+    to hear of, as a 400."""
     try:
-        if logits is None:
-            return constraint.commit(tokens)
-        return constraint.mask_rows(logits, tokens)
+        return step()
     except GrammarError as exc:
         raise InvalidGrammar(f"the grammar failed here: {exc}") from None
+
+
+def _committed(constraint: Constraint | None, tokens: list[int]) -> Callable[[], None]:
+    """The round's tokens consumed by the grammar (it undoes itself if that fails); what
+    undoes them."""
+    if constraint is None:
+        return lambda: None
+    return _by_grammar(lambda: constraint.commit(tokens))
 
 
 def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:

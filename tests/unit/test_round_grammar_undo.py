@@ -1,0 +1,81 @@
+"""A round under a grammar that fails after the verdict leaves no trace: the grammar's
+state, the session and its KV sequence stay as they were (finish_round alone, a
+stand-in grammar)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server.shared.protocol import SamplingParams, Strategy
+from server.verifier.errors import InvalidGrammar
+from server.verifier.jobs import VerifyWork
+from server.verifier.rounds import finish_round
+from server.verifier.sessions import Session
+
+
+class Recorded:
+    """Allows every token; remembers what it consumed; may refuse to consume."""
+
+    def __init__(self, refuse: bool = False):
+        self.state: list[int] = []
+        self.refuse = refuse
+
+    def mask_rows(self, logits, draft_tokens):
+        return logits
+
+    def commit(self, tokens):
+        if self.refuse:
+            from server.shared.constraint import GrammarError
+
+            raise GrammarError("a limit the grammar reached")
+        self.state += tokens
+        return lambda: [self.state.pop() for _ in tokens]
+
+
+def a_round(grammar) -> tuple[Session, VerifyWork, list]:
+    session = Session(
+        session_id="s" * 22,
+        seq_id=0,
+        tokens=[1, 2, 3],
+        prompt_len=3,
+        sampling=SamplingParams(),
+        strategy=Strategy.greedy,
+        threshold=None,
+        rng=np.random.default_rng(0),
+        constraint=grammar,
+    )
+    work = VerifyWork(session, [5, 6], None, start=2, round_key=("k",))
+    session.work = work
+    return session, work, []
+
+
+def logits() -> np.ndarray:
+    rows = np.zeros((3, 8), dtype=np.float32)
+    rows[0, 5] = rows[1, 6] = rows[2, 7] = 1.0  # every draft accepted, then 7
+    return rows
+
+
+def test_a_grammar_that_fails_to_take_the_tokens_is_a_400_and_nothing_changes():
+    grammar = Recorded(refuse=True)
+    session, work, removed = a_round(grammar)
+    with pytest.raises(InvalidGrammar):
+        finish_round(work, logits(), 0.0, remove=lambda *a: removed.append(a),
+                     is_eog=lambda t: False, lossless=True)  # fmt: skip
+    assert session.tokens == [1, 2, 3] and removed == [] and grammar.state == []
+
+
+def test_a_step_failing_after_the_grammar_took_the_tokens_undoes_them():
+    grammar = Recorded()
+    session, work, _ = a_round(grammar)
+
+    def failing_trim(*_):
+        raise RuntimeError("the KV trim failed")
+
+    with pytest.raises(RuntimeError):
+        finish_round(work, logits(), 0.0, remove=failing_trim, is_eog=lambda t: False,
+                     lossless=True)  # fmt: skip
+    assert session.tokens == [1, 2, 3] and grammar.state == []
+    finish_round(work, logits(), 0.0, remove=lambda *a: None, is_eog=lambda t: False,
+                 lossless=True)  # fmt: skip
+    assert grammar.state == [5, 6, 7] and session.tokens == [1, 2, 3, 5, 6, 7]
