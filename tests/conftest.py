@@ -86,10 +86,14 @@ class ReferenceDecoder:
     """Greedy decoding with llama-cpp-python's high-level `Llama` and its own sampler.
 
     Independent of the engine's code, but in the engine's configuration (flash attention
-    on, prompts cut where the engine cuts them): see docs/numerics.md.
+    on, prompts cut where the engine cuts them): see docs/numerics.md. With `tile_rows`
+    (/info.prompt_tile_rows), a prompt's tokens but the last go up to their last multiple
+    of it (all of them below two, none below one) in passes of at least `tile_rows` rows,
+    the rest in passes of fewer.
     """
 
-    def __init__(self, model: Path, prompt_chunk: int = 512):
+    def __init__(self, model: Path, prompt_chunk: int = 512, tile_rows: int = 0):
+        self.prompt_chunk, self.tile_rows = prompt_chunk, tile_rows
         from llama_cpp import Llama
 
         self.llm = Llama(
@@ -109,6 +113,23 @@ class ReferenceDecoder:
             t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)
         }
 
+    def pieces(self, n: int) -> list[slice]:
+        """Where the engine cuts the `n` tokens of a prompt before its last."""
+        tile, chunk = self.tile_rows, self.prompt_chunk
+        tiled = 0
+        if tile and n >= tile:
+            tiled = n if n < 2 * tile else n - n % tile
+        cuts, start = [], 0
+        while start < tiled:
+            size = tiled - start
+            if size > chunk:
+                size = chunk if size - chunk >= tile else size - tile
+            cuts.append(slice(start, start + size))
+            start += size
+        small = tile - 1 if tile else chunk
+        cuts += [slice(s, min(s + small, n)) for s in range(start, n, small)]
+        return cuts
+
     def greedy(
         self,
         prompt_ids: list[int],
@@ -121,8 +142,8 @@ class ReferenceDecoder:
         # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
-        if len(prompt_ids) > 1:
-            self.llm.eval(prompt_ids[:-1])
+        for piece in self.pieces(len(prompt_ids) - 1):
+            self.llm.eval(prompt_ids[piece])
         self.llm.eval(prompt_ids[-1:])
         out: list[int] = []
         processors = None
@@ -142,7 +163,7 @@ class ReferenceDecoder:
 @pytest.fixture(scope="session")
 def reference(verifier_model: Path, live_verifier: LiveVerifier) -> ReferenceDecoder:
     info = httpx.get(f"{live_verifier.url}/info", timeout=30).json()
-    return ReferenceDecoder(verifier_model, info["prompt_chunk"])
+    return ReferenceDecoder(verifier_model, info["prompt_chunk"], info["prompt_tile_rows"])
 
 
 @pytest.fixture(scope="session")

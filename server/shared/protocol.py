@@ -363,6 +363,7 @@ class InfoResponse(ResponseModel):
     )
     prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
     prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
+    prompt_tile_rows: int = Field(0, description="> 0: prompts tiled, >= this many rows a pass")
     prefix_cache: bool = Field(
         False, description="whether ended sessions' prompts are kept and reused"
     )

@@ -79,11 +79,16 @@ def describe_ready(engine: Engine) -> str:
     )
     pinned = f", pinned at {shapes.pinned_width} rows a session" if shapes.pinned_width else ""
     reuse = "on" if engine.prefix_cache else "off"
+    tiled = (
+        f" ({engine.cuts.tile_rows} rows or more: past that, the rest below it)"
+        if engine.cuts.tile_rows
+        else ""
+    )
     return (
         f"verifier ready: {engine.model_name} ({engine.runtime.quantization}), "
         f"{engine.n_seq} sessions of {engine.n_ctx} tokens; greedy passes {exact}{pinned}; "
         f"a pass costs {shapes.pass_cost_rows:.1f} rows; prompts in chunks of "
-        f"{engine.prompt_chunk}; prompt reuse {reuse}{listening()}"
+        f"{engine.prompt_chunk}{tiled}; prompt reuse {reuse}{listening()}"
     )
 
 

@@ -134,7 +134,7 @@ class CycleStep:
             if pinned:
                 self._decode(rounds + prompts, out)
             elif prompt_turn or not rounds:
-                self._decode(self.turns.next(prompts), out)
+                self._decode(self.turns.next(prompts), out, interleaved=prompt_turn)
                 self.prompt_next = False
             else:
                 self._decode(rounds, out)
@@ -227,12 +227,13 @@ class CycleStep:
             job.work = None
             return False
 
-    def _decode(self, jobs: list[Job], out: Step) -> None:
+    def _decode(self, jobs: list[Job], out: Step, interleaved: bool = False) -> None:
         if not jobs:
             return
         rounds = [job for job in jobs if isinstance(job.work, VerifyWork)]
         prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
-        ran = self.engine.run([j.work for j in rounds], [j.work for j in prompts])
+        works = [j.work for j in rounds], [j.work for j in prompts]
+        ran = self.engine.run(*works, interleaved=interleaved)
         out.passes += ran.passes
         out.fixed_rows = self.engine.pass_cost.fixed_rows or 0.0
         if rounds:

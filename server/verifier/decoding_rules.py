@@ -5,11 +5,32 @@ opened again by its client, where its prompt ends and its output begins."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from server.shared.constraint import Constraint, GrammarError, Grammars
-from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest
-from server.verifier.checks import check_generated, check_token_ids
-from server.verifier.errors import InvalidGrammar
+from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest, PromptInput
+from server.verifier.checks import check_generated, check_prompt_len, check_token_ids
+from server.verifier.errors import EmptyPrompt, InvalidGrammar
+
+
+class PromptTokenizer(Protocol):
+    n_vocab: int
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+
+
+def request_prompt_ids(runtime: PromptTokenizer, request: PromptInput, n_ctx: int) -> list[int]:
+    """The prompt's token ids, checked: its text tokenized, or its ids in the vocabulary;
+    not empty, and short enough for a round after it."""
+    if request.prompt is not None:
+        ids = runtime.tokenize(request.prompt, add_special=request.add_bos)
+    else:
+        ids = list(request.prompt_tokens or [])
+        check_token_ids(ids, runtime.n_vocab, "prompt_tokens")
+    if not ids:
+        raise EmptyPrompt("the prompt is empty: give some text or add_bos=true")
+    check_prompt_len(len(ids), n_ctx)
+    return ids
 
 
 def session_constraint(grammars: Grammars, grammar: Grammar | None) -> Constraint | None:

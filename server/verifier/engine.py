@@ -33,7 +33,6 @@ from server.shared.protocol import (
     InfoResponse,
     PrefillRequest,
     PrefillResponse,
-    PromptInput,
     Strategy,
     VerifyRequest,
     VerifyResponse,
@@ -44,18 +43,15 @@ from server.verifier import invariance
 from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, Advisor, PassCost
 from server.verifier.checks import (
     check_draft_probs,
-    check_prompt_len,
     check_round,
-    check_token_ids,
     resolve_strategy,
     round_key,
 )
 from server.verifier.decoder import PassDecoder, PassRecord
-from server.verifier.decoding_rules import decoding_rules
+from server.verifier.decoding_rules import decoding_rules, request_prompt_ids
 from server.verifier.errors import (
     APIError,
     DecodeFailed,
-    EmptyPrompt,
     InternalError,
     InvalidDraftProbs,
     SessionBusy,
@@ -64,6 +60,8 @@ from server.verifier.eviction import Eviction
 from server.verifier.jobs import JobRows, Opened, PrefillWork, VerifyWork, Work
 from server.verifier.packing import Packing
 from server.verifier.prefix_reuse import PrefixReuse
+from server.verifier.prompt_cuts import PromptCuts, tiled_end
+from server.verifier.retile import retile
 from server.verifier.rounds import finish_round
 from server.verifier.sessions import Session, SessionTable
 from server.verifier.settings import VerifierSettings
@@ -111,6 +109,7 @@ class Engine:
         if reuse and not (report.batch_invariant and report.prefill_chunk_invariant):
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
+        self.cuts = PromptCuts(report.prompt_chunk, report.prompt_tile_rows)
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
         # Unpinned and untimed (shapes that were not exact), nothing is known yet.
@@ -126,7 +125,7 @@ class Engine:
             copy=runtime.copy,
             packing=Packing(settings.pack_sessions),
             eviction=Eviction(self.n_seq, settings.key_share),
-            prefix_reuse=PrefixReuse(reuse),
+            prefix_reuse=PrefixReuse(reuse, self.cuts.tile_rows),
         )
 
     # -- facts ------------------------------------------------------------------------
@@ -152,17 +151,6 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.runtime.detokenize(tokens)
 
-    def prompt_ids(self, request: PromptInput) -> list[int]:
-        if request.prompt is not None:
-            ids = self.runtime.tokenize(request.prompt, add_special=request.add_bos)
-        else:
-            ids = list(request.prompt_tokens or [])
-            check_token_ids(ids, self.runtime.n_vocab, "prompt_tokens")
-        if not ids:
-            raise EmptyPrompt("the prompt is empty: give some text or add_bos=true")
-        check_prompt_len(len(ids), self.n_ctx)
-        return ids
-
     # -- beginning work ---------------------------------------------------------------
 
     def begin_prefill(
@@ -172,11 +160,13 @@ class Engine:
         """Validate and reserve a KV sequence; sessions in `keep` (work queued) are never
         evicted to make room. `constraint`: the grammar's state, compiled already."""
         strategy = resolve_strategy(request)
-        prompt_ids = self.prompt_ids(request)
+        prompt_ids = request_prompt_ids(self.runtime, request, self.n_ctx)
         prompt_len, constraint = decoding_rules(request, prompt_ids, self.grammars, constraint)
         session_id = request.session_id or uuid.uuid4().hex
         self.sessions.check_new_id(session_id)  # before anything is evicted for it
-        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep)
+        # A reopened session's tiled part ends where its original prompt's did.
+        tiled_to = tiled_end(prompt_len, self.cuts.tile_rows)
+        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep, tiled_to)
         session = Session(
             session_id=session_id,
             seq_id=reservation.seq_id,
@@ -189,8 +179,9 @@ class Engine:
             owner=owner,
             logprobs=request.logprobs,
             constraint=constraint,  # the grammar's state (compiled once per grammar)
+            tiled=tiled_to,
         )
-        work = PrefillWork(session, prompt_ids[:-1], reservation)
+        work = PrefillWork(session, prompt_ids[:-1], reservation, tiled_to)
         self._prefills[session.seq_id] = work
         return work
 
@@ -230,13 +221,15 @@ class Engine:
 
     # -- running work -----------------------------------------------------------------
 
-    def run(self, rounds: Sequence[VerifyWork], prompts: Sequence[PrefillWork] = ()) -> Ran:
+    def run(
+        self, rounds: Sequence[VerifyWork], prompts: Sequence[PrefillWork] = (),
+        interleaved: bool = False,
+    ) -> Ran:  # fmt: skip
         """Decode the rounds and the next chunk of each prompt, shaped into passes; each
-        job finished or undone."""
+        job finished or undone. `interleaved`: rounds wait for the prompts' turn to end."""
         jobs = [JobRows(w.session.seq_id, w.start, w.tokens, True) for w in rounds]
-        width = self.shapes.pinned_width or self.prompt_chunk
         for work in prompts:
-            n = min(width, work.remaining)
+            n = self.cuts.piece(work.evaluated, work.tiled_to, len(work.to_evaluate), interleaved)
             chunk = work.to_evaluate[work.evaluated : work.evaluated + n]
             jobs.append(JobRows(work.session.seq_id, work.evaluated, chunk, False))
         works: list[Work] = [*rounds, *prompts]
@@ -262,6 +255,10 @@ class Engine:
             if isinstance(result, VerifyResponse):
                 self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
         return Ran(results, decoded.passes)
+
+    def retile(self) -> int:
+        """Idle work (retile.py); the tokens evaluated, 0 when there was nothing to do."""
+        return retile(self.sessions, self.runtime, self.decoder, self.shapes, self.cuts)
 
     def abandon(self, work: Work) -> None:
         """Undo a begun job that will never run (the cycle failed it or it is stopping)."""
@@ -364,6 +361,7 @@ def engine_info(engine: Engine) -> InfoResponse:
         prefill_chunk_invariant=report.prefill_chunk_invariant,
         prefill_chunk_max_diff=report.prefill_chunk_max_diff,
         prompt_chunk=engine.prompt_chunk,
+        prompt_tile_rows=engine.cuts.tile_rows,
         prefix_cache=engine.prefix_cache,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )

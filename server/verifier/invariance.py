@@ -19,10 +19,13 @@ count), it tries pinned shapes: every pass every sequence at one width
 many rows one pass costs.
 
 Prompts are evaluated in chunks, and a chunk's length can decide the kernel (llama.cpp's
-CPU build takes another path from 64 rows of one sequence on). The scheduler always cuts
-a prompt at the same places, so this decides only whether a cached prefix (cut
-elsewhere) may be reused: the probe evaluates a prompt in one chunk and cut at other
-places, at each chunk length offered, longest first, and reports the first that agrees.
+CPU build takes another path from 64 rows of one sequence on). A prompt's numbers must
+not depend on its cuts, or a cached prefix (cut elsewhere) would answer otherwise than a
+cold prompt. The probe evaluates a prompt in one chunk and cut at other places: first at
+n_batch; where that differs and reuse is wanted, in the two parts of prompt_cuts.py (a
+tiled part in passes of at least `tile_rows` rows, however cut, the rest in passes of
+fewer); where that differs too, at each shorter chunk length offered, longest first. It
+reports the first that agrees.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class InvarianceReport:
     prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
     prefill_chunk_max_diff: float = 0.0
     prompt_chunk: int = 0  # the chunk length those two describe
+    prompt_tile_rows: int = 0  # > 0: prompts' tiled parts go in passes of this many rows or more
     pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
     # Passes timed, (rows, seconds): a session's round alone of one row and of a short
     # draft, and every sequence's round in one pass.
@@ -129,6 +133,7 @@ def probe_engine(
         pin=settings.pin_shapes,
         pin_width=settings.pin_width or max_draft + 1,
         prompt_chunks=prompt_chunks(decoder.n_batch, settings.prompt_chunk, reuse, max_draft + 1),
+        tile_rows=_tile_rows(decoder.n_batch, settings, max_draft + 1),
     )
     shapes = replace(
         free,
@@ -136,6 +141,15 @@ def probe_engine(
         pinned_width=report.pinned_width,
     )
     return report, shapes
+
+
+def _tile_rows(n_batch: int, settings: VerifierSettings, round_rows: int) -> int:
+    """The tiled split to try (0: none): where a chunk can hold a tiled part twice over
+    (so that a longer one is cut into passes of at least `tile_rows`) and a round stays
+    below it. Tried with reuse on or off: a prompt's numbers are the same either way."""
+    rows = settings.prompt_tile_rows
+    chunk = min(settings.prompt_chunk or n_batch, n_batch)
+    return rows if rows > round_rows and 2 * rows <= chunk else 0
 
 
 def probe(
@@ -146,10 +160,12 @@ def probe(
     pin: str,
     pin_width: int,
     prompt_chunks: Sequence[int],
+    tile_rows: int = 0,
 ) -> InvarianceReport:
     """The shapes to use and whether they are exact. `free`: the planner's free shapes;
     `round_rows`: the longest round (max_draft + 1); `pin`: "auto" (pinned shapes if the
-    free ones differ and pinned ones agree), "on" or "off". Leaves every sequence empty."""
+    free ones differ and pinned ones agree), "on" or "off"; `tile_rows` > 0: the tiled
+    split to try where the first chunk length is not exact. Leaves every sequence empty."""
     ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
     try:
         report = _rounds(target, free, ids, round_rows) if pin != "on" else None
@@ -169,11 +185,24 @@ def probe(
         chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
         if not report.batch_invariant:
             chunks = chunks[:1]  # shorter chunks serve only reuse, which needs exact rounds
-        diffs = []
-        for chunk in chunks:
-            diffs.append(_prompt_chunking(target, shapes, chunk))
+        diffs = [_prompt_chunking(target, shapes, chunks[0])]
+        if diffs[0] != 0.0 and tile_rows and report.batch_invariant and not report.pinned_width:
+            split = max(
+                _tiled_cuts(target, shapes, tile_rows),
+                _prompt_chunking(target, shapes, tile_rows - 1),
+            )
+            if split == 0.0:
+                return replace(
+                    report,
+                    prefill_chunk_invariant=True,
+                    prefill_chunk_max_diff=0.0,
+                    prompt_chunk=chunks[0],
+                    prompt_tile_rows=tile_rows,
+                )
+        for chunk in chunks[1:]:
             if diffs[-1] == 0.0:
                 break
+            diffs.append(_prompt_chunking(target, shapes, chunk))
     finally:
         for seq_id in range(target.n_seq):
             target.remove(seq_id, -1)
@@ -292,5 +321,25 @@ def _prompt_chunking(target: ProbeTarget, shapes: PassShapes, chunk: int) -> flo
         target.remove(0, -1)
         target.evaluate_prompt(0, prompt[:first], 0, chunk, shapes)
         target.evaluate_prompt(0, prompt[first:], first, chunk, shapes)
+        rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
+    return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])
+
+
+def _tiled_cuts(target: ProbeTarget, shapes: PassShapes, tile_rows: int) -> float:
+    """The largest logit difference for a prompt's next token between its tiled part
+    (every token but the next, longer than two passes of `tile_rows`) evaluated in one
+    pass and cut into passes of at least `tile_rows` elsewhere: where a cached prefix ends
+    and a cold prompt goes on."""
+    n = min(2 * tile_rows + 37, target.n_batch)
+    ids = target.tokenize(PROBE_TEXT * 16, add_special=True)[: n + 1]
+    *prompt, last = ids
+    n = len(prompt)
+    rows = []
+    for cuts in ((n,), (tile_rows, n - tile_rows), (n - tile_rows, tile_rows)):
+        target.remove(0, -1)
+        start = 0
+        for size in cuts:
+            target.evaluate_prompt(0, prompt[start : start + size], start, size, shapes)
+            start += size
         rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
     return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])

@@ -39,6 +39,10 @@ from server.verifier.settings import VerifierSettings
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
+# Idle work (a cached prefix's generated tokens evaluated again as a prompt's, so that its
+# next turn keeps them) waits this long after the last step: a session's next round
+# comes sooner, a client's next prompt later.
+IDLE_WORK_AFTER_S = 0.25
 
 
 async def _result(future: Future) -> Any:
@@ -171,6 +175,16 @@ class BatchScheduler:
         with self._engine_lock:
             self._step(self._queued())
 
+    def run_idle_work(self) -> int:
+        """Idle work, on the caller's thread: one cached prefix evaluated again in tiled
+        passes (Engine.retile); the tokens evaluated."""
+        with self._engine_lock:
+            try:
+                return self.engine.retile()
+            except Exception:  # the thread must outlive any bug: requests wait on it
+                log.exception("idle work failed")
+                return 0
+
     def sweep(self) -> None:
         """End idle sessions and prefixes past their TTLs, never one with work queued."""
         busy = {job.session_id for job in self._queued() if job.session_id}
@@ -215,14 +229,22 @@ class BatchScheduler:
     # -- the engine thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        idle_work = False  # a step ran since the engine last found no idle work
         while True:
+            idle = False
             with self._wake:
                 if not self._queue and not self._stopping:
-                    self._wake.wait(timeout=SWEEP_INTERVAL_S)
+                    self._wake.wait(timeout=IDLE_WORK_AFTER_S if idle_work else SWEEP_INTERVAL_S)
+                    idle = idle_work and not self._queue and not self._stopping
                 if self._stopping and not self._queue:
                     return
-                self._hold_for_answered()
-            self.run_step()
+                if not idle:
+                    self._hold_for_answered()
+            if idle:
+                idle_work = self.run_idle_work() > 0
+            else:
+                self.run_step()
+                idle_work = True
             if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
                 self._last_sweep = time.monotonic()
                 try:

@@ -50,6 +50,7 @@ class Session:
     last_round_key: tuple | None = None
     last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
+    tiled: int = 0  # its first cells written in tiled passes (prompt_cuts.py)
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
@@ -125,13 +126,15 @@ class SessionTable:
     # -- taking a sequence -------------------------------------------------------------
 
     def reserve(
-        self, session_id: str, owner: str, prompt: Sequence[int], keep: Iterable[str] = ()
-    ) -> Reservation:
+        self, session_id: str, owner: str, prompt: Sequence[int], keep: Iterable[str] = (),
+        tiled_end: int = 0,
+    ) -> Reservation:  # fmt: skip
         """A sequence for the prefill of session `session_id` (checked by check_new_id):
-        the prefix cache's choice, trimmed to what it shares with `prompt`, or an empty
+        the prefix cache's choice, trimmed to what it shares with `prompt` (and to the
+        cells the prompt's tiled part, ending at `tiled_end`, would write), or an empty
         one, made free by the eviction policy when none is: never from a session with a
         round begun or named in `keep` (sessions with work queued)."""
-        reused = self._take_prefix(owner, prompt, session_id)
+        reused = self._take_prefix(owner, prompt, session_id, tiled_end)
         if reused is not None:
             seq_id, moved = self._place(reused[0])
             return Reservation(seq_id, reused[1], moved=moved)
@@ -161,7 +164,7 @@ class SessionTable:
             raise ServerFull(self.eviction.refusal(held, owner))
         kind, name = chosen
         if kind == "prefix":
-            self._drop_prefix(name)
+            self.drop_prefix(name)
             return False
         log.info("evicting the least recently used idle session of a key")
         self._release(self._live[name])
@@ -209,9 +212,9 @@ class SessionTable:
         return True
 
     def _take_prefix(
-        self, owner: str, prompt: Sequence[int], session_id: str
+        self, owner: str, prompt: Sequence[int], session_id: str, tiled_end: int
     ) -> tuple[int, int] | None:
-        chosen = self.prefix_reuse.take(owner, prompt)
+        chosen = self.prefix_reuse.take(owner, prompt, tiled_end)
         if chosen is None:
             return None
         seq_id, n = chosen
@@ -279,14 +282,14 @@ class SessionTable:
         for session in expired:
             self._release(session, keep_prefix=True)
         for seq_id in self.prefix_reuse.older_than(prefix_ttl_s, now):
-            self._drop_prefix(seq_id)
+            self.drop_prefix(seq_id)
         return [s.session_id for s in expired]
 
     def release_all(self) -> None:
         for session in list(self._live.values()):
             self._release(session)
         for seq_id in self.prefix_reuse:
-            self._drop_prefix(seq_id)
+            self.drop_prefix(seq_id)
 
     @property
     def cached_prefixes(self) -> dict[int, CachedPrefix]:
@@ -308,11 +311,12 @@ class SessionTable:
         self._live.pop(session.session_id, None)
         if keep_prefix and self.prefix_reuse.keeps(session.n_cached):
             # The cells hold exactly tokens[:-1]: the pending token was never evaluated.
-            prefix = CachedPrefix(session.owner, session.tokens[:-1])
+            cells = session.tokens[:-1]
+            prefix = CachedPrefix(session.owner, cells, tiled=min(session.tiled, len(cells)))
             self.prefix_reuse.keep(session.seq_id, prefix)
             return
         self.ids.release(session.seq_id)
 
-    def _drop_prefix(self, seq_id: int) -> None:
+    def drop_prefix(self, seq_id: int) -> None:
         self.prefix_reuse.pop(seq_id)
         self.ids.release(seq_id)

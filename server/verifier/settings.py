@@ -95,6 +95,15 @@ class VerifierSettings(BaseSettings):
         "longest length the startup probe finds exact (short chunks: slower cold prompts, "
         "prompt reuse on where long ones would change the numbers)",
     )
+    prompt_tile_rows: int = Field(
+        64,
+        ge=0,
+        description="rows of one sequence from which the build's kernels take their tiled "
+        "path (the CPU build's flash attention: 64): where prompt chunks are not exact "
+        "however cut, a prompt's tokens up to its last multiple of this go in passes of at "
+        "least this many rows and the rest in passes of fewer, if the startup probe finds "
+        "that exact (docs/numerics.md); 0 = never",
+    )
     prefix_cache_min_tokens: int = Field(
         16, ge=1, description="shortest common prefix worth reusing, in tokens"
     )
