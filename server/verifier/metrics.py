@@ -53,6 +53,12 @@ class VerifierMetrics:
             "prompt tokens taken from a cached prefix instead of being evaluated",
             registry=r,
         )
+        self.prompt_tokens_retiled = Counter(
+            "verifier_prompt_tokens_retiled",
+            "cached prefixes' tokens evaluated again while idle, as a next prompt would "
+            "evaluate them (docs/numerics.md)",
+            registry=r,
+        )
         self.replayed_rounds = Counter(
             "verifier_replayed_rounds",
             "/verify requests that repeated the session's last round (a retry, a duplicate) "

@@ -180,10 +180,12 @@ class BatchScheduler:
         passes (Engine.retile); the tokens evaluated."""
         with self._engine_lock:
             try:
-                return self.engine.retile()
+                tokens = self.engine.retile()
             except Exception:  # the thread must outlive any bug: requests wait on it
                 log.exception("idle work failed")
                 return 0
+        self.metrics.prompt_tokens_retiled.inc(tokens)
+        return tokens
 
     def sweep(self) -> None:
         """End idle sessions and prefixes past their TTLs, never one with work queued."""

@@ -1,0 +1,66 @@
+"""Long prompts through a real verifier (docs/numerics.md, "Prompt chunks and prompt
+reuse"): cold, a next turn that reuses the first, the same after the idle verifier
+evaluated the first turn's answer again as a prompt's, and a session reopened with its
+output: each token for token what llama-cpp-python's own decoder gives for the same
+prompt cut where the engine cuts it (`ReferenceDecoder`)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from scripts.harness.metrics import Metrics
+
+TEXT = (
+    "A verifier keeps one cache per session. When the session ends, its cache stays "
+    "behind for the same client's next prompt, which evaluates only what is new. "
+) * 18  # about 560 tokens: more than one pass of n_batch = 512
+MAX_TOKENS = 16
+LONG = 70  # an answer longer than a tile (64 rows on the CPU build)
+RETILED = "verifier_prompt_tokens_retiled_total"
+
+
+def generate(url: str, prompt_tokens: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+    body = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}
+    answer = httpx.post(f"{url}/generate", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["tokens"]
+
+
+def test_long_prompts_answer_as_the_reference_cold_reused_again_and_reopened(
+    live_verifier, reference
+):
+    url = live_verifier.url
+    info = httpx.get(f"{url}/info", timeout=30).json()
+    assert info["prefix_cache"] and info["prefill_chunk_invariant"]
+    opened = httpx.post(f"{url}/prefill", json={"prompt": TEXT}, timeout=300).json()
+    httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=30)
+    first = opened["prompt_ids"]
+    assert len(first) > 512
+    answer = generate(url, first)
+    assert answer == reference.greedy(first, MAX_TOKENS)
+
+    second = [*first, *answer, *first[1:6]]  # a next turn: the first, its answer, more
+    retiled = Metrics.scrape(url).value(RETILED)
+    # An answer past the next tile: idle, the verifier evaluates it again as a prompt's,
+    # and the third turn reuses it (waited for as a state, never timed).
+    long_answer = generate(url, second, LONG)
+    assert len(long_answer) == LONG and long_answer == reference.greedy(second, LONG)
+    deadline = time.monotonic() + 120
+    while Metrics.scrape(url).value(RETILED) == retiled and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert Metrics.scrape(url).value(RETILED) > retiled
+    third = [*second, *long_answer, *first[6:9]]
+    assert generate(url, third) == reference.greedy(third, MAX_TOKENS)
+
+    # Reopened with 6 of its tokens generated (a verifier restart): it goes on exactly.
+    body = {"prompt_tokens": [*first, *answer[:6]], "generated_tokens": 6}
+    session = httpx.post(f"{url}/prefill", json=body, timeout=300).json()
+    got, n_past = [], session["total_tokens"]
+    while len(got) < MAX_TOKENS - 6:
+        step = {"session_id": session["session_id"], "n_past": n_past, "draft_tokens": []}
+        reply = httpx.post(f"{url}/verify", json=step, timeout=300).json()
+        got += reply["tokens"]
+        n_past = reply["total_tokens"]
+    assert got[: MAX_TOKENS - 6] == answer[6:]
