@@ -4,15 +4,23 @@ app sends it (the whole history every turn): a table, not a test.
 
 A long first message, then short follow-ups. Per turn: prompt tokens, the tokens the
 verifier reused (`usage.prompt_tokens_details.cached_tokens`) and the draft model found
-in its own cache, time to first token, and tokens/s after it. Three verifier setups, one
+in its own cache, time to first token, and tokens/s after it. Four verifier setups, one
 after the other in the same run:
 
-- reuse on: the default (prompt reuse, prompts cut short enough for it to be exact);
-- reuse off, same cuts: what reuse alone saves;
-- reuse off, n_batch cuts: `VERIFIER_PREFIX_CACHE=false`, a cold prompt's fastest path.
+- tiled (the default): a prompt's tokens up to its last multiple of 64 in passes of 64
+  rows or more (up to n_batch), the rest in passes of fewer; prompt reuse on
+  (docs/numerics.md);
+- 48-token chunks: `VERIFIER_PROMPT_TILE_ROWS=0`, every prompt cut into chunks below the
+  CPU build's 64-row tile, prompt reuse on;
+- reuse off, same cuts: what reuse alone saves (its text must equal the default's);
+- reuse off, n_batch cuts: `VERIFIER_PREFIX_CACHE=false VERIFIER_PROMPT_TILE_ROWS=0`,
+  whole prompts in n_batch chunks, as llama.cpp's own server evaluates them.
 
-Each setup also answers a short fresh prompt, the time to first token to compare with.
-Verifier and drafter are pinned to one core each (`taskset`), one thread per model.
+Between turns the script waits `--pause` seconds, a user reading the answer: the idle
+verifier evaluates the answer again as the next prompt will (tiled), so that the next
+turn keeps it. Each setup also answers a short fresh prompt, the time to first token to
+compare with. Verifier and drafter are pinned to one core each (`taskset`), one thread
+per model.
 
     .venv/bin/python scripts/bench_chat.py
     .venv/bin/python scripts/bench_chat.py --turns 2 --max-tokens 16     # a smoke run
@@ -55,9 +63,10 @@ TURNS = [
 ]
 FRESH = "Say hello."
 SETUPS = {
-    "reuse on": {},
+    "tiled (default)": {},
+    "48-token chunks": {"PROMPT_TILE_ROWS": "0"},
     "reuse off, same cuts": {"PREFIX_CACHE": "false", "PROMPT_CHUNK": "{chunk}"},
-    "reuse off, n_batch cuts": {"PREFIX_CACHE": "false"},
+    "reuse off, n_batch cuts": {"PREFIX_CACHE": "false", "PROMPT_TILE_ROWS": "0"},
 }
 
 
@@ -130,6 +139,7 @@ def run_setup(name: str, env: dict, args) -> tuple[list[dict], dict]:
                 messages.append({"role": "assistant", "content": row["text"]})
                 rows.append({"setup": name, "turn": str(i), **row})
                 print(f"  {name}: turn {i} ttft {row['ttft_s']:.2f} s", file=sys.stderr)
+                time.sleep(args.pause)
             fresh = ask(serve.url, [{"role": "user", "content": FRESH}], args.max_tokens)
             rows.append({"setup": name, "turn": "fresh", **fresh})
             return rows, info
@@ -165,6 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--max-tokens", type=int, default=32, help="Tokens to generate at most per answer."
+    )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=2.0,
+        help="Seconds between a turn's answer and the next question (a user reading it).",
     )
     parser.add_argument(
         "--verifier-model",
@@ -203,9 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         chunk = chunk or info["prompt_chunk"]  # the default's, for the same-cuts setup
         print(f"  prompt_chunk {info['prompt_chunk']}", file=sys.stderr)
     print(table(rows))
-    # Reuse must not change a token where prompts are cut alike; n_batch cuts are other
-    # numbers (server/verifier/invariance.py), so that setup's text may differ.
-    same_cuts = [r for r in rows if r["setup"] != "reuse off, n_batch cuts"]
+    # Reuse must not change a token where prompts are cut alike; other cuts are other
+    # numbers (server/verifier/invariance.py), so those setups' texts may differ.
+    same_cuts = [r for r in rows if r["setup"] in ("tiled (default)", "reuse off, same cuts")]
     texts: dict[str, set[str]] = {}
     for r in same_cuts:
         texts.setdefault(r["turn"], set()).add(r["text"])

@@ -193,3 +193,44 @@ def test_the_engine_thread_runs_idle_work_through_the_scheduler():
     answered(engine, [2 + i % 50 for i in range(30)], 9)
     assert scheduler.run_idle_work() == 38 - 24 and scheduler.run_idle_work() == 0
     assert_consistent(runtime, engine)
+
+
+def test_while_rounds_wait_a_prompts_tiled_part_goes_two_tiles_a_pass_and_answers_alike():
+    """A prompt with the verifier to itself takes passes as long as n_batch; while a
+    session's rounds wait, two tiles a pass (the rounds come back sooner). The cuts
+    change nothing: the prompt answers as cold either way."""
+    from server.verifier.cycle import CycleStep, Job
+    from tests.unit.test_cycle import round_job
+
+    runtime = FakeRuntime(
+        kernel=switches_by_rows(TILE, 999), n_batch=64, n_ctx_per_seq=256, n_seq_max=4
+    )
+    cycle = CycleStep(make_engine(runtime, max_draft=MAX_DRAFT, prompt_tile_rows=TILE))
+    prompt = [2 + i % 50 for i in range(58)]  # 57 evaluated: 56 tiled, 1 after
+    alone = Job("b", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
+    before = len(runtime.decodes)
+    while not any(job is alone for job, _ in cycle.step([alone]).answers):
+        pass
+    assert [len(d) for d in runtime.decodes[before:]] == [56, 1]
+
+    busy = Job("a", None, request=PrefillRequest(prompt_tokens=[3, 4, 5], add_bos=False))
+    ((_, opened),) = cycle.step([busy]).answers
+    shared = Job("b", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
+    sizes = []
+    while True:
+        answered = dict(cycle.step([round_job(opened, []), shared]).answers)
+        sizes += [len(d) for d in runtime.decodes[-1:] if d[0].seq_id != opened.session.seq_id]
+        if shared in answered:
+            break
+    assert sizes == [2 * TILE, 2 * TILE, 2 * TILE, TILE, 1]
+    reference = runtime.reference_greedy(prompt, 5, 56)
+    for job in (alone, shared):
+        session_id = job.session_id
+        out = []
+        while len(out) < 5:
+            session = cycle.engine.session(session_id)
+            request = VerifyRequest(session_id=session_id, n_past=len(session.tokens))
+            work = cycle.engine.begin_verify(request, "b")
+            (response,) = cycle.engine.run([work]).results
+            out += response.tokens
+        assert out[:5] == reference
