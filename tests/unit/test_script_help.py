@@ -15,6 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
     ["bench.py"],
     ["bench_chat.py"],
+    ["bench_tasks.py"],
     ["bench_grammar.py"],
     ["bench_overhead.py"],
     ["bench_pairs.py"],
