@@ -16,6 +16,11 @@ class Draft(NamedTuple):
     probs: Sequence[np.ndarray] | None  # q per position (dense), when drafts were sampled
     reused: int = 0  # leading tokens drafted while the previous round was in flight
 
+    def first(self, k: int) -> Draft:
+        """Its first `k` tokens: a draft made ahead, for a round whose k changed since."""
+        probs = None if self.probs is None else self.probs[:k]
+        return Draft(self.tokens[:k], probs, min(k, self.reused))
+
 
 class CandidateGenerator(Protocol):
     """Shaped like HF transformers' CandidateGenerator, without its learning hook: what a

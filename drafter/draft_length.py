@@ -18,14 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Rounds without a draft (k = 0): the verifier time one asks for, from CHUNK_S_FIRST (the
-# first tokens soon) doubling with each such round up to CHUNK_S_LAST (the link's share
-# small, the stream still a few updates a second), and at least CHUNK_LINKS times the
-# link's time.
-CHUNK_S_FIRST = 0.1
-CHUNK_S_LAST = 0.4
-CHUNK_LINKS = 4
-CHUNK_FIRST = 4  # before the verifier's time per token is known
+from drafter.chunk_pace import ChunkPace
+
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
 # PROBE_FIRST, doubling after each probe that keeps the chunks, up to PROBE_LAST.
 PROBE_FIRST = 4
@@ -81,16 +75,40 @@ class MeasuredRate:
 
 @dataclass
 class FixedLength:
+    """k drafts a round. k = 0 (no drafting): every round is a chunk of the verifier's own
+    tokens, paced by `ChunkPace`, so that asking for no drafts runs at the verifier's own
+    speed rather than a round trip a token."""
+
     k: int
+    max_chunk: int = field(default=1, compare=False)
+    watched: bool = field(default=True, compare=False)
+    _pace: ChunkPace = field(init=False, compare=False, repr=False)
+    _step_s: float | None = field(default=None, compare=False, repr=False)
+    _link_s: float | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._pace = ChunkPace(self.max_chunk, self.watched)
 
     def next(self, ahead: bool = False) -> int:
         return self.k
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
-        pass
+        self._pace.answered(drafted == 0)
 
-    def chunk(self) -> int:
-        return 1
+    def observe(self, timing: RoundTiming) -> None:
+        """The verifier's time a token and the link's, for the chunks' pace."""
+        if timing.rows != 1 or timing.verifier_s <= 0:
+            return
+        step = timing.verifier_s / max(timing.steps, 1)
+        self._step_s = step if self._step_s is None else 0.5 * (self._step_s + step)
+        if timing.steps == 1:  # a chunk's round trip holds its steps' waits too
+            link = max(0.0, timing.round_trip_s - timing.verifier_s)
+            self._link_s = link if self._link_s is None else 0.5 * (self._link_s + link)
+
+    def chunk(self, paced: bool = False) -> int:
+        if self.k and not paced:
+            return 1
+        return self._pace.size(self._step_s or 0.0, self._link_s or 0.0, paced)
 
     @property
     def label(self) -> str:
@@ -120,7 +138,7 @@ class DoublingLength:
         after = 2 * self.k if accepted_prefix_len == drafted else accepted_prefix_len + 1
         self.k = min(max(after, self.minimum), self.maximum)
 
-    def chunk(self) -> int:
+    def chunk(self, paced: bool = False) -> int:
         return 1
 
     @property
@@ -157,20 +175,23 @@ class LinkAwareLength:
     with the link added).
 
     k = 0, where the verifier can decode chunks of its own tokens (`max_chunk` > 1): a
-    round without a draft asks for `chunk()` tokens. Chosen from the start where the
-    verifier advises 0 (`advise`: its rows cost as much as the tokens they win, for this
-    session and its load, server/verifier/advice.py), and whenever the rate chunks gave
-    (measured whole: under load a chunk's steps share passes unevenly) beats the best
-    draft's expected rate; k never exceeds the advice (at least `minimum`). While
-    chunking, a drafted round is sent now and then (after 4, 8, 16, ... chunks) to
-    measure again what only drafting shows, the acceptance the verifier advises from
-    included."""
+    round without a draft asks for `chunk()` tokens (`ChunkPace`: `watched` or not).
+    Chosen from the start where the verifier advises 0 (`advise`: its rows cost as much
+    as the tokens they win, for this session and its load, server/verifier/advice.py),
+    and whenever the rate chunks gave (measured whole: under load a chunk's steps share
+    passes unevenly) beats the best draft's expected rate; k never exceeds the advice (at
+    least `minimum`). While chunking, a drafted round is sent now and then (after 4, 8,
+    16, ... chunks) to measure again what only drafting shows, the acceptance the
+    verifier advises from included. The round before any drafted one is a chunk
+    (`drafts_soon`), so that the draft model catches up with what chunks brought while it
+    is out rather than while the drafted round waits for it."""
 
     maximum: int
     start: int = 4
     minimum: int = 1
     decay: float = 0.9
     max_chunk: int = 1
+    watched: bool = True
     k: int = 0
     _accepted: float = 3.0  # a weak prior: a = 0.75
     _rejected: float = 1.0
@@ -183,7 +204,7 @@ class LinkAwareLength:
     chunking: bool = False
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
-    _chunk_s: float = CHUNK_S_FIRST
+    _pace: ChunkPace = field(init=False, repr=False)
     # Tokens a second that rounds without a draft gave, and drafted rounds (drafting
     # included), each measured whole.
     _chunk_rate: MeasuredRate = field(default_factory=lambda: MeasuredRate(min_rounds=1))
@@ -191,6 +212,7 @@ class LinkAwareLength:
 
     def __post_init__(self) -> None:
         self.k = self.k_ahead = min(max(self.start, self.minimum), self.maximum)
+        self._pace = ChunkPace(self.max_chunk, self.watched)
 
     @property
     def label(self) -> str:
@@ -201,28 +223,30 @@ class LinkAwareLength:
             return 0
         return self.k_ahead if ahead else self.k
 
+    @property
+    def adaptive(self) -> bool:
+        """A draft when it pays, so none while the draft model is not ready for one: the
+        loop sends a round without a draft rather than wait for it (a fixed length waits)."""
+        return True
+
     def drafts_soon(self) -> bool:
         """Whether the round after this chunk is a drafted one (a probe)."""
         return self.chunking and self._chunks_to_probe <= 1
 
-    def chunk(self) -> int:
-        """Tokens a round without a draft asks for: enough that the link's time is a
-        small part of the round, few enough that a stream stays fluid."""
+    def chunk(self, paced: bool = False) -> int:
+        """Tokens a round without a draft asks for (`ChunkPace`)."""
         per_token = self._step_s or self.verifier_s(1)
-        if self.max_chunk <= 1 or per_token <= 0:
-            return min(self.max_chunk, CHUNK_FIRST)
-        seconds = max(self._chunk_s, CHUNK_LINKS * (self._link_s or 0.0))
-        return max(1, min(self.max_chunk, round(seconds / per_token)))
+        return self._pace.size(per_token, self._link_s or 0.0, paced)
 
     def advise(self, advised: int | None) -> None:
         self.advised = advised
         self._choose()
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        self._pace.answered(drafted == 0)
         if drafted == 0:
             if self.chunking:
                 self._chunks_to_probe -= 1
-                self._chunk_s = min(2 * self._chunk_s, CHUNK_S_LAST)
             return
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
@@ -297,10 +321,14 @@ class LinkAwareLength:
                 self.expected_tokens_per_s(self.k), self.expected_tokens_per_s(self.k_ahead, True)
             )
             self.chunking = self.chunk_tokens_per_s() > drafting
-        if self.chunking and not was:
+        if was and not self.chunking and self._chunks_to_probe > 0:
+            # Leaving chunks for drafts: one chunk more first, during which the draft
+            # model catches up with the tokens chunks brought (`drafts_soon`).
+            self.chunking, self._chunks_to_probe = True, 1
+        elif self.chunking and not was:
             first = PROBE_FIRST_ADVISED_0 if self.advised == 0 else PROBE_FIRST
             self._probe_every = self._chunks_to_probe = first
-            self._chunk_s = CHUNK_S_FIRST
+            self._pace.restart()
 
     @property
     def acceptance(self) -> float:

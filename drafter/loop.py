@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 
 from drafter.candidates import CandidateGenerator, Draft
 from drafter.draft_length import DraftLength, FixedLength, RoundTiming
+from drafter.draft_readiness import catches_up, drafts_soon, holds_back
 from drafter.errors import VerifierRejected
 from drafter.remote_session import RemoteSessions
 from drafter.speculation import SpeculationCache
@@ -116,6 +117,9 @@ class SpeculativeLoop:
         self._wait_s = float("inf")
         self._token_s = 0.0
         self.warming = Warming()
+        # The draft model lacks committed tokens that a drafted round would wait for: it
+        # catches up during rounds without a draft, and drafted rounds wait until it has.
+        self._behind = False
 
     @property
     def session_id(self) -> str | None:
@@ -125,6 +129,7 @@ class SpeculativeLoop:
     def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
         self.result = SpeculativeResult(vocab=self.vocab)
+        self._behind = False
         # Ours to choose (random: ids are one space for every key), so that a balancer
         # can route the session by it, and a recovery re-opens it under the same id (on
         # whichever replica now has it).
@@ -145,6 +150,10 @@ class SpeculativeLoop:
         session = [opened.session_id]  # a recovery replaces it
         try:
             self._opened(opened, self.clock() - began)
+            if not drafts_soon(self.draft_length):
+                # The prefill's advice: rounds without a draft for a while. The draft
+                # model has no use for the prompt until then (drafts_soon catches up).
+                self.warming.stop()
             prompt_len = len(opened.prompt_ids) - prefill.generated_tokens
             follow_rules(self.drafter, prefill, prompt_len)
             yield from self._rounds(prefill, session, sender, max_tokens)
@@ -181,13 +190,12 @@ class SpeculativeLoop:
         ready: Draft | None = None  # the next round's draft, made while this one was out
         lost_in_a_row = 0
         while (k := self._next_k(committed, max_tokens, ahead=ready is not None)) is not None:
+            held = ready is None and holds_back(self.draft_length, k, self._behind, self.warming)
+            if held:  # no wait for the draft model: it catches up while this round is out
+                k, self._behind = 0, True
             drafting = self.clock()
             if ready is not None:  # made for this answer; k may have changed since
-                draft = Draft(
-                    ready.tokens[:k],
-                    None if ready.probs is None else ready.probs[:k],
-                    min(k, ready.reused),
-                )
+                draft = ready.first(k)
             elif k > 0:
                 self.warming.wait()
                 draft = self.drafter.get_candidates(committed, k)
@@ -198,7 +206,7 @@ class SpeculativeLoop:
             if draft.tokens and not draft.reused:
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             # No draft: a chunk of the verifier's own tokens, where it decodes them.
-            chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens)
+            chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens, paced=held)
             try:
                 verdict, round_trip_s, ready = self._verify(
                     sender, session[0], committed, draft, max_tokens, chunk
@@ -221,15 +229,7 @@ class SpeculativeLoop:
                 continue
             lost_in_a_row = 0
             self._wait_s = _ema(self._wait_s, round_trip_s)
-            timing = RoundTiming(
-                rows=len(draft.tokens) + 1,
-                verifier_s=verdict.timings.engine_ms / 1000.0,
-                round_trip_s=round_trip_s,
-                draft_s=draft_s,
-                drafted_ahead=draft.reused == len(draft.tokens) > 0,
-                steps=1 if draft.tokens else max(1, len(verdict.tokens)),
-                tokens=len(verdict.tokens),
-            )
+            timing = _round_timing(draft, verdict, draft_s, round_trip_s)
             yield self._commit(committed, draft, verdict, timing)
             if verdict.eos:
                 result.finish_reason = "eos"
@@ -286,23 +286,18 @@ class SpeculativeLoop:
     ) -> tuple[VerifyResponse, float, Draft | None]:
         """The round's answer, its round trip, and the next round's draft if it was made
         while this one was out (pipelined) for the answer that came."""
-        request = VerifyRequest(
-            session_id=session_id,
-            n_past=len(committed),
-            draft_tokens=list(draft.tokens),
-            draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
-            chunk_tokens=chunk if chunk > 1 else None,
-        )
+        request = _verify_request(session_id, committed, draft, chunk)
         if sender is None:
             return (*self._timed_verify(request), None)
         in_flight: Future = sender.submit(self._timed_verify, request)
         k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
-        # A chunk's answer is many tokens: nothing to draft ahead for. Before a drafted
-        # round, the drafter catches up meanwhile with what earlier chunks brought.
-        ahead = self.speculation is not None and chunk == 1
-        if chunk > 1 and getattr(self.draft_length, "drafts_soon", bool)():
-            self.warming.catch_up(self.drafter, committed)
+        wanted = max_tokens - len(self.result.tokens)
+        catching_up = catches_up(self.draft_length, self._behind, bool(draft.tokens), wanted, chunk)
+        # A chunk's answer is many tokens: nothing to draft ahead for.
+        ahead = self.speculation is not None and chunk == 1 and not catching_up
+        if catching_up:
+            self._behind = not self.warming.catch_up(self.drafter, committed, in_flight.done)
         if ahead and 0 < k < room:
             self.warming.wait()
             self.speculation.prepare(
@@ -319,9 +314,10 @@ class SpeculativeLoop:
         return verdict, round_trip_s, ready
 
     def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:
-        """The verifier's prefill; pipelined, the drafter warms up meanwhile (warming.py)."""
+        """The verifier's prefill; pipelined, the drafter warms up meanwhile (warming.py)
+        unless it is not to draft."""
         warm = getattr(self.drafter, "warm", None)
-        if sender is None or warm is None:
+        if sender is None or warm is None or not drafts_soon(self.draft_length):
             return self.sessions.open(prefill)
         in_flight: Future = sender.submit(self.sessions.open, prefill)
         self.warming.start(warm, prefill)
@@ -333,12 +329,43 @@ class SpeculativeLoop:
         return verdict, self.clock() - began
 
 
-def _chunk(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> int:
-    """The tokens a round without a draft asks for: what the draft length says, never
-    past the tokens asked for or the context."""
+def _round_timing(
+    draft: Draft, verdict: VerifyResponse, draft_s: float, round_trip_s: float
+) -> RoundTiming:
+    """What a round cost, as the draft length learns from it."""
+    return RoundTiming(
+        rows=len(draft.tokens) + 1,
+        verifier_s=verdict.timings.engine_ms / 1000.0,
+        round_trip_s=round_trip_s,
+        draft_s=draft_s,
+        drafted_ahead=draft.reused == len(draft.tokens) > 0,
+        steps=1 if draft.tokens else max(1, len(verdict.tokens)),
+        tokens=len(verdict.tokens),
+    )
+
+
+def _verify_request(
+    session_id: str, committed: list[int], draft: Draft, chunk: int
+) -> VerifyRequest:
+    return VerifyRequest(
+        session_id=session_id,
+        n_past=len(committed),
+        draft_tokens=list(draft.tokens),
+        draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
+        chunk_tokens=chunk if chunk > 1 else None,
+    )
+
+
+def _chunk(
+    loop: SpeculativeLoop, committed: list[int], max_tokens: int, paced: bool = False
+) -> int:
+    """The tokens a round without a draft asks for: what the draft length says (`paced`:
+    a round held back for the draft model, sized so that the drafted round follows
+    soon), never past the tokens asked for or the context."""
     remaining = max_tokens - len(loop.result.tokens)
     room = loop.n_ctx - len(committed) + 1
-    return max(1, min(loop.draft_length.chunk(), remaining, room))
+    chunk = loop.draft_length.chunk(paced=True) if paced else loop.draft_length.chunk()
+    return max(1, min(chunk, remaining, room))
 
 
 def _advise(length: object, advised: int | None) -> None:

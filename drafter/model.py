@@ -25,6 +25,7 @@ from drafter.draft_rules import DraftRules, rules_for
 from drafter.draft_sequence import DraftSequence
 from drafter.errors import DraftModelError
 from server.shared import vocab
+from server.shared.prefix import common_prefix_len
 from server.shared.protocol import Grammar, PrefillRequest, SamplingParams
 from server.shared.runtime import LlamaError, supports_gpu_offload
 from server.shared.sampling import cap_support, probabilities, sample
@@ -33,6 +34,9 @@ from server.shared.sampling import cap_support, probabilities, sample
 # vocabulary; the drafter then samples from q cut to its 32 most likely tokens and sends
 # exactly that cut q, which keeps rejection sampling lossless (server/shared/sampling.py).
 MAX_Q_SUPPORT = 32
+# Tokens evaluated between looks at whether to stop, where a warming or a catch-up may be
+# stopped: on a CPU, pieces this long cost what one long decode does.
+PIECE_TOKENS = 64
 
 
 @dataclass
@@ -219,29 +223,25 @@ class DraftModel:
             if drafted < 0:
                 break
             reach *= float(q[drafted])
-        # First the answer the model expects (its whole draft, then its own next token):
-        # the one it is calibrated on. Then the rest by their chance.
-        expected = max((s for s in scored if s[1] == len(draft_tokens)), default=None)
-        rest = sorted((s for s in scored if s is not expected), key=lambda s: -s[0])
-        ranked = ([expected] if expected else []) + rest
-        return [(i, t) for _, i, t in ranked[:limit]]
+        return _expected_first(scored, len(draft_tokens), limit)
 
-    def catch_up(self, committed: Sequence[int]) -> None:
+    def catch_up(self, committed: Sequence[int], stop: Callable[[], bool] | None = None) -> bool:
         """Evaluate the committed tokens the cache lacks (rounds without a draft brought
-        them), so that the next draft starts at once."""
-        self._sync(self._own_ids(committed))
+        them), so that the next draft starts at once; no further once `stop()` is true.
+        Whether the cache holds them all."""
+        return _sync_in_pieces(self.sequence, self._own_ids(committed), stop, self.decodes_alone)
 
-    def warm(self, prefill: PrefillRequest) -> None:
+    def warm(self, prefill: PrefillRequest, stop: Callable[[], bool] | None = None) -> None:
         """Evaluate the prompt as the verifier will tokenize it (the same llama.cpp call
-        the server makes), so that the first draft finds it cached. Should the verifier's
-        prompt ids differ, the first draft re-evaluates from where they part: only time
-        is at stake, never the output."""
+        the server makes), so that the first draft finds it cached; no further once
+        `stop()` is true. Should the verifier's prompt ids differ, the first draft
+        re-evaluates from where they part: only time is at stake, never the output."""
         if prefill.prompt is not None:
             tokens = self.runtime.tokenize(prefill.prompt, add_special=prefill.add_bos)
         else:
             tokens = self._own_ids(prefill.prompt_tokens or [])
         if tokens:
-            self._sync(tokens)
+            _sync_in_pieces(self.sequence, tokens, stop, self.decodes_alone)
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -297,6 +297,39 @@ class DraftModel:
         pad = self.runtime.pad_id
         stand_in = pad if 0 <= pad < self.n_vocab else self.runtime.eos_id
         return [t if t < self.n_vocab else stand_in for t in tokens]
+
+
+def _sync_in_pieces(
+    sequence: DraftSequence,
+    tokens: Sequence[int],
+    stop: Callable[[], bool] | None,
+    alone: bool,
+) -> bool:
+    """`sequence.sync(tokens)`, PIECE_TOKENS at a time until `stop()` is true (one piece
+    at least: called again and again, it gets there); whether it got to the end. Without
+    `stop`, in one go."""
+    held = common_prefix_len(sequence.cached, tokens)
+    if stop is None or held >= len(tokens):
+        sequence.sync(tokens, alone)
+        return True
+    for end in range(held + PIECE_TOKENS, len(tokens), PIECE_TOKENS):
+        sequence.sync(tokens[:end], alone)
+        if stop():
+            return False
+    sequence.sync(tokens, alone)
+    return True
+
+
+def _expected_first(
+    scored: list[tuple[float, int, int]], drafted: int, limit: int
+) -> list[tuple[int, int]]:
+    """The (accepted, token) answers scored by their chance, the `limit` likeliest: first
+    the answer the model expects (its whole draft of `drafted` tokens, then its own next
+    token), the one it is calibrated on; then the rest by their chance."""
+    expected = max((s for s in scored if s[1] == drafted), default=None)
+    rest = sorted((s for s in scored if s is not expected), key=lambda s: -s[0])
+    ranked = ([expected] if expected else []) + rest
+    return [(i, t) for _, i, t in ranked[:limit]]
 
 
 def _confidence(logits: np.ndarray, token: int) -> float:

@@ -92,8 +92,12 @@ class ModelWithNgram:
             return found
         return self.model.get_candidates(committed, k, stop)
 
-    def warm(self, prefill) -> None:
-        self.model.warm(prefill)
+    def warm(self, prefill, stop: Callable[[], bool] | None = None) -> None:
+        self.model.warm(prefill, stop)
+
+    def catch_up(self, committed: Sequence[int], stop: Callable[[], bool] | None = None) -> bool:
+        catch_up = getattr(self.model, "catch_up", None)
+        return True if catch_up is None else catch_up(committed, stop)
 
     def follow(self, *rules) -> None:
         """The model's drafts follow the verifier's rules (DraftModel.follow); the n-gram

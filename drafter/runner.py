@@ -16,7 +16,7 @@ from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithNgram, NgramDrafter
 from drafter.output import BaselineResult
-from drafter.settings import DrafterKind, DrafterSettings
+from drafter.settings import DrafterKind, DrafterSettings, OutputFormat
 from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
 from server.shared.protocol import (
     GenerateRequest,
@@ -159,18 +159,21 @@ def candidate_generator(
     return ngram if settings.drafter == DrafterKind.ngram else ModelWithNgram(ngram, drafter)
 
 
-def draft_length(settings: DrafterSettings, info: InfoResponse) -> DraftLength:
+def draft_length(
+    settings: DrafterSettings, info: InfoResponse, watched: bool = True
+) -> DraftLength:
     """`auto`: the link-aware cost model for a model's drafts, doubling for prompt
-    lookup's (see drafter/draft_length.py)."""
+    lookup's (see drafter/draft_length.py). `watched`: the tokens are shown or looked
+    through as they come, which paces the chunks of rounds without a draft (ChunkPace)."""
     if settings.draft_n != "auto":
-        return FixedLength(settings.draft_n)
+        return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter == DrafterKind.ngram:
         return DoublingLength(maximum=info.max_draft)
     if settings.sampling.seed is not None:
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.
         return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
-    return LinkAwareLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens)
+    return LinkAwareLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens, watched=watched)
 
 
 def speculative_loop(
@@ -179,12 +182,13 @@ def speculative_loop(
     info: InfoResponse,
     settings: DrafterSettings,
     target: LlamaVocab | None = None,
+    watched: bool = True,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(settings))
     return SpeculativeLoop(
         candidate_generator(model, settings, target),
         client,
-        draft_n=draft_length(settings, info),
+        draft_n=draft_length(settings, info, watched),
         n_ctx=info.n_ctx,
         pipeline=settings.use_pipeline,
         branches=settings.branches,
@@ -235,7 +239,9 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
                     settings = settings.model_copy(update={"strategy": Strategy.match})
             request = prompt_request(target or model.runtime, settings)
             check_prompt_fits(target or model.runtime, request, info)
-            loop = speculative_loop(model, client, info, settings, target)
+            # Text on a terminal is read as it comes; JSON only once it is whole.
+            watched = settings.output == OutputFormat.text
+            loop = speculative_loop(model, client, info, settings, target, watched)
             renderer.start((target or model).token_bytes)
             rounds = loop.run(request, settings.max_tokens)
             try:

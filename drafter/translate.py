@@ -93,14 +93,14 @@ class TranslatingDrafter:
         self.translate_s += (drafting - began) + (time.perf_counter() - drafted)
         return Draft(ids, None)
 
-    def warm(self, prefill: PrefillRequest) -> None:
+    def warm(self, prefill: PrefillRequest, stop: Callable[[], bool] | None = None) -> None:
         if prefill.prompt is not None:
             text = prefill.prompt.encode()
         else:
             text = b"".join(self._piece(t) for t in prefill.prompt_tokens or [])
         own = self._within_context(self._tokenize_own(text), 0)
         if own:
-            self.model.warm(PrefillRequest(prompt_tokens=own, add_bos=False))
+            self.model.warm(PrefillRequest(prompt_tokens=own, add_bos=False), stop)
 
     # -- committed tokens -> the draft model's tokens --------------------------------
 

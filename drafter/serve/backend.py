@@ -66,6 +66,14 @@ class Generation:
     stop: list[str]
     emit: Emit  # text, with the logprobs of the tokens it begins
     cancel: threading.Event = field(default_factory=threading.Event)
+    stream: bool = False  # the client reads the text as it comes
+
+    @property
+    def watched(self) -> bool:
+        """Whether its tokens are wanted as they come: streamed, or looked through for a
+        stop sequence (a round past one is the verifier's time thrown away). Otherwise
+        rounds without a draft are as large as the verifier takes."""
+        return self.stream or bool(self.stop)
 
 
 class SpeculativeBackend:
@@ -213,7 +221,9 @@ class SpeculativeBackend:
         )
         assert self.info is not None
         slot.client.abandoned = generation.cancel.is_set
-        loop = speculative_loop(model, slot.client, self.info, settings, self.target)
+        loop = speculative_loop(
+            model, slot.client, self.info, settings, self.target, generation.watched
+        )
         if model.decodes_alone:
             model.reset()
         # Translated, the prompt's ids are the verifier's, not the cache's: not counted.

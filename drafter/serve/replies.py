@@ -201,6 +201,7 @@ async def begin_choice(
         max_tokens=max_tokens,
         stop=request.stop_list(),
         emit=lambda text, spelled: loop.call_soon_threadsafe(events.put_nowait, (text, spelled)),
+        stream=bool(request.stream),
     )
     gone.add_done_callback(lambda _: generation.cancel.set())
     slot = await first_unless_gone(pool.acquire(generation.prompt_ids), gone, pool.release)

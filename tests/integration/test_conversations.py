@@ -67,16 +67,21 @@ def verifier_without_reuse(verifier_model, prompt_chunk):
     verifier.stop()
 
 
+# A draft model that drafts every round, so that its cache is there to reuse: under `auto`
+# it rests while the verifier advises no draft (drafter/warming.py), and has none.
+DRAFTING = ("--draft-n", "4")
+
+
 @pytest.fixture(scope="module")
 def api_with_reuse(live_verifier):
-    api = LocalAPI(live_verifier.url)
+    api = LocalAPI(live_verifier.url, *DRAFTING)
     yield api
     api.stop()
 
 
 @pytest.fixture(scope="module")
 def api_without_reuse(verifier_without_reuse):
-    api = LocalAPI(verifier_without_reuse.url)
+    api = LocalAPI(verifier_without_reuse.url, *DRAFTING)
     yield api
     api.stop()
 

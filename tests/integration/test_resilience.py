@@ -114,9 +114,11 @@ def test_a_restart_mid_generation_goes_unnoticed_by_the_cli_and_serve(
 ):
     """SIGKILL after the verifier has answered two rounds, then the same command again on
     the same port: the CLI and `serve` (streamed and whole), each made with its default
-    settings, finish with the verifier's own output (scripts/restart_drill.py's drills)."""
+    settings, finish with the verifier's own output (scripts/restart_drill.py's drills).
+    Long enough that a whole answer's rounds without a draft, each as large as the
+    verifier takes, are more than two."""
     drills = run_drills(
-        verifier_env(verifier_model), drafter_model, PROMPT, 120, threads=TEST_THREADS
+        verifier_env(verifier_model), drafter_model, PROMPT, 200, threads=TEST_THREADS
     )
     assert [d.client for d in drills] == list(CLIENTS)
     for drilled in drills:

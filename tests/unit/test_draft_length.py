@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from drafter.chunk_pace import CHUNK_S_FIRST, CHUNK_S_LAST
 from drafter.draft_length import (
     MIN_DRAFTED_ROUNDS,
     DoublingLength,
@@ -231,7 +232,8 @@ def test_under_load_advice_above_0_makes_auto_draft_where_its_own_rows_model_wou
     assert loaded == [0] * 8
     then = drive(length, 30, per_row_s=0.003, fixed_s=0.047, advised=2)
     assert then[0] == 0  # asked before the answer that advised 2
-    assert 0 not in then[1:] and set(then[1:]) <= {1, 2}
+    assert then[1] == 0  # one more while the draft model catches up (drafts_soon)
+    assert 0 not in then[2:] and set(then[2:]) <= {1, 2}
 
 
 def test_advice_above_0_still_chunks_where_measured_drafted_rounds_come_slower():
@@ -298,3 +300,77 @@ def test_under_load_a_chunk_is_priced_at_a_pass_not_at_the_line_of_rows_run_down
             length.update(k, k - 1)
             length.observe(timing(k + 1, pass_s, 0.002, 0.005 * k, tokens=k))
     assert 0 not in sent
+
+
+def chunk_sizes(length, rounds: int, step_s: float = 0.01) -> list[int]:
+    """The chunks asked for by `rounds` rounds without a draft, against a verifier that
+    takes `step_s` a token, next to it (no link)."""
+    sizes = []
+    for _ in range(rounds):
+        assert length.next() == 0
+        m = length.chunk()
+        sizes.append(m)
+        length.update(0, 0)
+        length.observe(RoundTiming(1, m * step_s, m * step_s, 0.0, False, steps=m, tokens=m))
+    return sizes
+
+
+def test_asking_for_no_drafts_unwatched_asks_for_all_the_verifier_takes_each_round():
+    """`--draft-n 0` with nobody reading the tokens as they come: the fewest rounds (the
+    loop caps a chunk by the tokens still wanted)."""
+    assert chunk_sizes(FixedLength(0, max_chunk=64, watched=False), 4) == [64] * 4
+    assert FixedLength(0).chunk() == 1  # a verifier without chunks: a token a round
+    assert FixedLength(0, max_chunk=64) == FixedLength(0)  # the same length, paced alike
+
+
+def test_watched_chunks_start_with_one_token_then_grow_to_a_few_updates_a_second():
+    """A stream: the first token as soon as the verifier alone would give it, then chunks
+    of more and more of the verifier's time, up to the bound."""
+    auto = LinkAwareLength(maximum=16, max_chunk=64)
+    auto.advise(0)
+    for length in (FixedLength(0, max_chunk=64), auto):
+        sizes = chunk_sizes(length, 6, step_s=0.01)
+        assert sizes[0] == 1
+        assert sizes[1] == round(CHUNK_S_FIRST / 0.01)
+        assert sizes == sorted(sizes) and sizes[-1] == round(CHUNK_S_LAST / 0.01)
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_advised_0_at_the_prefill_the_first_chunk_is_large_unless_watched(watched):
+    length = LinkAwareLength(maximum=16, max_chunk=64, watched=watched)
+    length.advise(0)  # the prefill's answer
+    assert length.next() == 0 and not length.drafts_soon()
+    assert length.chunk() == (1 if watched else 64)
+
+
+def test_chunks_after_drafted_rounds_start_at_the_shortest_pace_not_at_one_token():
+    """The stream is flowing already: no round of one token, and no waiting either."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, start=2)
+    length.advise(2)
+    length.update(2, 2)
+    length.observe(timing(3, 0.03, 0.0, 0.0, tokens=3))
+    length.advise(0)
+    assert length.next() == 0
+    assert length.chunk() == round(CHUNK_S_FIRST / length.verifier_s(1))
+
+
+def test_the_round_before_auto_leaves_chunks_for_drafts_is_a_chunk_that_says_so():
+    """The draft model does nothing while chunks are sent; the last chunk before a drafted
+    round tells the loop to catch it up meanwhile (drafts_soon), so that the drafted
+    round does not wait for it."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, watched=False)
+    length.advise(0)
+    sent = []
+    for advised in (0, 2, 2, 2):
+        k = length.next()
+        sent.append((k, length.drafts_soon()))
+        if k == 0:
+            length.update(0, 0)
+            length.advise(advised)
+            length.observe(RoundTiming(1, 0.64, 0.64, 0.0, False, steps=64, tokens=64))
+        else:
+            length.update(k, k)
+            length.advise(advised)
+            length.observe(timing(k + 1, 0.03, 0.0, 0.01 * k, tokens=k + 1))
+    assert sent[:3] == [(0, False), (0, False), (0, True)]
+    assert 1 <= sent[3][0] <= 2  # a drafted round, within the advice

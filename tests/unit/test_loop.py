@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from drafter.candidates import Draft
-from drafter.draft_length import LinkAwareLength
+from drafter.chunk_pace import CHUNK_S_FIRST
+from drafter.draft_length import FixedLength, LinkAwareLength
 from drafter.errors import VerifierRejected
 from drafter.loop import SpeculativeLoop
 from server.shared.acceptance import accept_greedy
@@ -390,7 +391,7 @@ class WarmedDrafter(NoisyDrafter):
         self.fail = fail
         self.events: list[str] = []
 
-    def warm(self, prefill: PrefillRequest) -> None:
+    def warm(self, prefill: PrefillRequest, stop=None) -> None:
         self.events.append(f"warm {list(prefill.prompt_tokens)}")
         if self.fail:
             raise RuntimeError("the prompt does not fit")
@@ -413,3 +414,173 @@ def test_pipelined_loop_warms_the_drafter_while_the_verifier_prefills(pipeline, 
         assert drafter.events.count("warm [5, 6, 7]") == 1
     else:
         assert "warm [5, 6, 7]" not in drafter.events
+
+
+class ChunkingVerifier(FakeVerifier):
+    """Decodes chunks of its own tokens (`chunk_tokens`), 10 ms a token by its timings,
+    and advises `advice(i)` with its i-th answer (the prefill's is the 0th)."""
+
+    def __init__(self, advice=lambda i: 0, **kwargs):
+        super().__init__(**kwargs)
+        self.advice = advice
+        self.answers = 0
+        self.sent: list[tuple[int, int]] = []  # (draft tokens, chunk tokens) a round
+
+    def _advised(self) -> int:
+        self.answers += 1
+        return self.advice(self.answers - 1)
+
+    def opened(self, session_id: str) -> PrefillResponse:
+        return super().opened(session_id).model_copy(update={"advised_draft": self._advised()})
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        self.sent.append((len(request.draft_tokens), request.chunk_tokens or 1))
+        if request.draft_tokens:
+            return super().verify(request).model_copy(update={"advised_draft": self._advised()})
+        steps = []
+        for _ in range(request.chunk_tokens or 1):
+            step = super().verify(VerifyRequest(session_id="s", n_past=len(self.committed)))
+            steps.append(step)
+            if step.eos:
+                break
+        tokens = [t for step in steps for t in step.tokens]
+        ms = 10.0 * len(steps)
+        timings = RoundTimings(decode_ms=ms, engine_ms=ms, decoded_tokens=len(steps))
+        return steps[-1].model_copy(
+            update={
+                "tokens": tokens,
+                "preds": tokens,
+                "timings": timings,
+                "advised_draft": self._advised(),
+            }
+        )
+
+
+class LazyDrafter(NoisyDrafter):
+    """Records every use of the draft model: warming (until the loop stops it), catching
+    up, drafting. `caught_up`: what its catch-ups answer, in turn (then True)."""
+
+    def __init__(
+        self,
+        verifier: FakeVerifier,
+        caught_up: Sequence[bool] = (),
+        gate: threading.Event | None = None,
+    ):
+        super().__init__(verifier, wrong_every=1000)
+        self.events: list[str] = []
+        self.caught_up = list(caught_up)
+        self.gate = gate  # a warming that ends once it opens (else once it is stopped)
+
+    def warm(self, prefill: PrefillRequest, stop=None) -> None:
+        if self.gate is not None:
+            assert self.gate.wait(timeout=60), "the gate never opened"
+            self.events.append("warm done")
+            return
+        deadline = time.monotonic() + 60
+        while stop is not None and not stop() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self.events.append("warm stopped" if stop is not None and stop() else "warm")
+
+    def catch_up(self, committed: Sequence[int], stop=None) -> bool:
+        self.events.append(f"catch up {len(committed)}")
+        return self.caught_up.pop(0) if self.caught_up else True
+
+    def get_candidates(self, committed, k, stop=None) -> Draft:
+        if stop is None:  # not drafting ahead
+            self.events.append(f"draft {len(committed)}")
+        return super().get_candidates(committed, k, stop)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_no_drafting_unwatched_sends_chunks_of_all_that_is_left_and_never_uses_the_model(
+    pipeline,
+):
+    """`--draft-n 0` with nobody reading as it comes: a round per chunk the verifier takes,
+    the last one cut to what is still wanted; the draft model never runs."""
+    verifier = ChunkingVerifier()
+    drafter = LazyDrafter(verifier)
+    length = FixedLength(0, max_chunk=64, watched=False)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=length, n_ctx=10_000, pipeline=pipeline)
+    _, result = run(loop, [5, 6, 7], 150)
+    assert result.tokens == target_alone([5, 6, 7], 150, FakeVerifier())
+    assert verifier.sent == [(0, 64), (0, 64), (0, 22)]
+    assert drafter.events == []
+
+
+def test_no_drafting_watched_sends_one_token_first_then_chunks_paced_by_the_verifier():
+    verifier = ChunkingVerifier()
+    length = FixedLength(0, max_chunk=64, watched=True)
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 1000), verifier, draft_n=length, n_ctx=10_000)
+    _, result = run(loop, [5, 6, 7], 150)
+    assert result.tokens == target_alone([5, 6, 7], 150, FakeVerifier())
+    chunks = [m for _, m in verifier.sent]
+    assert chunks[0] == 1 and len(chunks) < 10
+    assert chunks[:-1] == sorted(chunks[:-1])
+
+
+def test_chunks_end_at_eos_and_the_generation_with_them():
+    verifier = ChunkingVerifier(eos_at=70)
+    length = FixedLength(0, max_chunk=64, watched=False)
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 1000), verifier, draft_n=length, n_ctx=10_000)
+    _, result = run(loop, [5, 6, 7], 150)
+    assert result.tokens == target_alone([5, 6, 7], 150, FakeVerifier(eos_at=70))
+    assert result.finish_reason == "eos" and len(verifier.sent) == 2
+
+
+def test_advised_0_at_the_prefill_the_warming_stops_and_the_model_rests():
+    """Auto where the verifier advises no draft from the start: the warming begun beside
+    the prefill is stopped once its advice comes, and nothing else runs on the model."""
+    verifier = ChunkingVerifier(advice=lambda i: 0)
+    drafter = LazyDrafter(verifier)
+    length = LinkAwareLength(maximum=8, max_chunk=64, watched=False)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=length, n_ctx=10_000, pipeline=True)
+    _, result = run(loop, [5, 6, 7], 150)
+    assert result.tokens == target_alone([5, 6, 7], 150, FakeVerifier())
+    assert verifier.sent[0] == (0, 64)  # the prefill's advice: a large first chunk
+    assert drafter.events == ["warm stopped"]
+
+
+@pytest.mark.parametrize("caught_up", [[], [False]])
+def test_before_auto_drafts_again_the_model_catches_up_during_a_chunk(caught_up):
+    """The advice turns from 0 to 2: one more chunk, during which the draft model catches
+    up with the committed tokens; only then a drafted round. A catch-up that the chunk's
+    answer cut short holds the drafted round back for another chunk."""
+    verifier = ChunkingVerifier(advice=lambda i: 0 if i < 2 else 2)
+    drafter = LazyDrafter(verifier, caught_up)
+    length = LinkAwareLength(maximum=8, max_chunk=8, watched=False)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=length, n_ctx=10_000, pipeline=True)
+    _, result = run(loop, [5, 6, 7], 60)
+    assert result.tokens == target_alone([5, 6, 7], 60, FakeVerifier())
+    held = len(caught_up)
+    assert [k for k, _ in verifier.sent[: 3 + held]] == [0] * (3 + held)
+    assert verifier.sent[3 + held][0] > 0
+    catch_ups = [f"catch up {3 + 8 * n}" for n in range(2, 3 + held)]
+    assert drafter.events[: 2 + held] == ["warm stopped", *catch_ups]
+    assert drafter.events[2 + held] == f"draft {3 + 8 * (3 + held)}"
+
+
+def test_no_drafted_round_waits_for_the_warming_rounds_without_a_draft_go_meanwhile():
+    """The verifier advises drafts from the prefill on, but the draft model is still
+    warming up (a long prompt the verifier had cached): rounds without a draft, paced
+    (one token first), until it is ready; the first draft only after it."""
+    gate = threading.Event()
+
+    class Opening(ChunkingVerifier):
+        def verify(self, request: VerifyRequest) -> VerifyResponse:
+            answer = super().verify(request)
+            if len(self.sent) == 2:
+                gate.set()  # the warming ends after the second round, before its answer
+                while loop.warming.running():  # a state waited for, never a time
+                    time.sleep(0.001)
+            return answer
+
+    verifier = Opening(advice=lambda i: 2)
+    drafter = LazyDrafter(verifier, gate=gate)
+    length = LinkAwareLength(maximum=8, max_chunk=64, watched=False)
+    loop = SpeculativeLoop(drafter, verifier, draft_n=length, n_ctx=10_000, pipeline=True)
+    _, result = run(loop, [5, 6, 7], 60)
+    assert result.tokens == target_alone([5, 6, 7], 60, FakeVerifier())
+    assert verifier.sent[:2] == [(0, 1), (0, round(CHUNK_S_FIRST / 0.01))]
+    assert any(k for k, _ in verifier.sent)
+    drafts = [i for i, event in enumerate(drafter.events) if event.startswith("draft")]
+    assert drafts and drafter.events.index("warm done") < drafts[0]
