@@ -162,6 +162,17 @@ def pin(cores: Sequence[int | None]) -> list[str]:
     return ["taskset", "-c", ",".join(chosen)]
 
 
+def post_chat(
+    client: httpx.Client, url: str, messages: list[dict], max_tokens: int
+) -> tuple[dict, float]:
+    """One chat completion: its reply, and the wall seconds the client waited for it."""
+    began = time.perf_counter()
+    response = client.post(url, json=chat_body(messages, max_tokens))
+    seconds = time.perf_counter() - began
+    response.raise_for_status()
+    return response.json(), seconds
+
+
 def chat_body(messages: list[dict], max_tokens: int) -> dict:
     return {"model": "any", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
 
@@ -203,13 +214,9 @@ class Ours:
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
         if self.serve is None:
             return self._generate(messages, max_tokens)
-        began = time.perf_counter()
-        response = self.client.post(
-            f"{self.serve.url}/chat/completions", json=chat_body(messages, max_tokens)
+        reply, seconds = post_chat(
+            self.client, f"{self.serve.url}/chat/completions", messages, max_tokens
         )
-        seconds = time.perf_counter() - began
-        response.raise_for_status()
-        reply = response.json()
         figures = reply.get("speculative") or {}
         return Answer(
             text=reply["choices"][0]["message"]["content"] or "",
@@ -298,13 +305,9 @@ class LlamaServer:
         raise RuntimeError("llama-server did not become ready in 300 s")
 
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
-        began = time.perf_counter()
-        response = self.client.post(
-            f"{self.url}/v1/chat/completions", json=chat_body(messages, max_tokens)
+        reply, seconds = post_chat(
+            self.client, f"{self.url}/v1/chat/completions", messages, max_tokens
         )
-        seconds = time.perf_counter() - began
-        response.raise_for_status()
-        reply = response.json()
         timings = reply.get("timings") or {}
         return Answer(
             text=reply["choices"][0]["message"]["content"] or "",

@@ -61,7 +61,7 @@ from server.verifier.jobs import JobRows, Opened, PrefillWork, VerifyWork, Work
 from server.verifier.packing import Packing
 from server.verifier.prefix_reuse import PrefixReuse
 from server.verifier.prompt_cuts import PromptCuts, tiled_end
-from server.verifier.retile import retile
+from server.verifier.retile import Retiler
 from server.verifier.rounds import finish_round
 from server.verifier.sessions import Session, SessionTable
 from server.verifier.settings import VerifierSettings
@@ -110,6 +110,7 @@ class Engine:
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
         self.cuts = PromptCuts(report.prompt_chunk, report.prompt_tile_rows)
+        self.retiler = Retiler(self.cuts)
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
         # Unpinned and untimed (shapes that were not exact), nothing is known yet.
@@ -257,8 +258,8 @@ class Engine:
         return Ran(results, decoded.passes)
 
     def retile(self) -> int:
-        """Idle work (retile.py); the tokens evaluated, 0 when there was nothing to do."""
-        return retile(self.sessions, self.runtime, self.decoder, self.shapes, self.cuts)
+        """Idle work, a piece at a time (retile.py); the tokens evaluated, 0: none to do."""
+        return self.retiler.step(self.sessions, self.runtime, self.decoder, self.shapes)
 
     def abandon(self, work: Work) -> None:
         """Undo a begun job that will never run (the cycle failed it or it is stopping)."""

@@ -4,13 +4,16 @@ A session's generated tokens were rows of rounds (passes below the tile), but th
 client's next prompt holds them as prompt tokens, which its cold evaluation tiles
 (prompt_cuts.py): reused as they are they would answer otherwise, so that prompt would
 keep only the cells before them. Evaluated again while the verifier has nothing else to
-do, they are kept whole.
+do, they are kept whole. One piece at a time (two tiles at most), so that a request that
+arrives meanwhile waits for one piece, never for a whole prefix: between pieces the
+cached prefix holds exactly the cells evaluated so far, and the plan (`Retiling`) goes on
+at the next idle moment, or is dropped if the prefix was taken, moved or dropped.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from server.shared.runtime import LlamaRuntime
 from server.verifier.decoder import PassDecoder
@@ -22,37 +25,84 @@ from server.verifier.sessions import SessionTable
 log = logging.getLogger(__name__)
 
 
-def retile(
-    sessions: SessionTable,
-    runtime: LlamaRuntime,
-    decoder: PassDecoder,
-    shapes: PassShapes,
-    cuts: PromptCuts,
-) -> int:
-    """One cached prefix, the most recently cached that needs it, evaluated again from
-    `retile_plan`'s start; the tokens evaluated (0: none needed it). If a decode fails,
-    the prefix keeps the cells done; if they cannot be trimmed, it is dropped."""
-    found = sessions.prefix_reuse.to_retile()
-    if found is None:
-        return 0
-    seq_id, start, tiled_to = found
-    cached = sessions.cached_prefixes[seq_id]
-    n_cells, done = len(cached.tokens), start
-    try:
-        runtime.remove(seq_id, start)
-        while done < n_cells:
-            n = cuts.piece(done, tiled_to, n_cells)
-            decoder.decode([JobRows(seq_id, done, cached.tokens[done : done + n], False)], shapes)
-            done += n
-    except Exception:
-        log.exception("could not evaluate a cached prefix again; keeping what is done")
+@dataclass(frozen=True)
+class Retiling:
+    """A cached prefix being evaluated again: its sequence, all the tokens it is to hold
+    again, and where their tiled part ends."""
+
+    seq_id: int
+    tokens: list[int]
+    tiled_to: int
+
+
+class Retiler:
+    def __init__(self, cuts: PromptCuts):
+        self.cuts = cuts
+        self.plan: Retiling | None = None
+
+    def step(
+        self,
+        sessions: SessionTable,
+        runtime: LlamaRuntime,
+        decoder: PassDecoder,
+        shapes: PassShapes,
+    ) -> int:
+        """One piece of idle work; the tokens evaluated (0: nothing needed it). If a
+        decode fails, the prefix keeps the cells done; if they cannot be trimmed, it is
+        dropped."""
+        plan = self._current(sessions) or self._begin(sessions, runtime)
+        if plan is None:
+            return 0
+        cached = sessions.cached_prefixes[plan.seq_id]
+        done = len(cached.tokens)
+        n = self.cuts.piece(done, plan.tiled_to, len(plan.tokens), interleaved=True)
+        piece = JobRows(plan.seq_id, done, plan.tokens[done : done + n], False)
         try:
-            runtime.remove(seq_id, done)
+            decoder.decode([piece], shapes)
         except Exception:
-            log.exception("could not trim it either; dropping it")
+            log.exception("could not evaluate a cached prefix again; keeping what is done")
+            self.plan = None
+            try:
+                runtime.remove(plan.seq_id, done)
+            except Exception:
+                log.exception("could not trim it either; dropping it")
+                sessions.drop_prefix(plan.seq_id)
+            return 0
+        done += n
+        # In its place in the cache's order, its age unchanged.
+        kept = replace(cached, tokens=plan.tokens[:done], tiled=min(done, plan.tiled_to))
+        sessions.prefix_reuse.keep(plan.seq_id, kept)
+        if done == len(plan.tokens):
+            self.plan = None
+        return n
+
+    def _current(self, sessions: SessionTable) -> Retiling | None:
+        """The plan under way, if its prefix is still cached as the plan left it."""
+        plan = self.plan
+        cached = sessions.cached_prefixes.get(plan.seq_id) if plan else None
+        if plan is None or cached is None:
+            self.plan = None
+            return None
+        done = len(cached.tokens)
+        if cached.tokens != plan.tokens[:done] or cached.tiled != min(done, plan.tiled_to):
+            self.plan = None
+            return None
+        return plan
+
+    def _begin(self, sessions: SessionTable, runtime: LlamaRuntime) -> Retiling | None:
+        """The next prefix to evaluate again, its cells from the plan's start removed."""
+        found = sessions.prefix_reuse.to_retile()
+        if found is None:
+            return None
+        seq_id, start, tiled_to = found
+        cached = sessions.cached_prefixes[seq_id]
+        try:
+            runtime.remove(seq_id, start)
+        except Exception:
+            log.exception("could not trim a cached prefix to evaluate it again; dropping it")
             sessions.drop_prefix(seq_id)
-            return done - start
-    # In its place in the cache's order, its age unchanged.
-    kept = replace(cached, tokens=cached.tokens[:done], tiled=min(done, tiled_to))
-    sessions.prefix_reuse.keep(seq_id, kept)
-    return done - start
+            return None
+        kept = replace(cached, tokens=cached.tokens[:start], tiled=start)  # cells [0, start) tiled
+        sessions.prefix_reuse.keep(seq_id, kept)
+        self.plan = Retiling(seq_id, list(cached.tokens), tiled_to)
+        return self.plan

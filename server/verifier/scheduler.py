@@ -39,10 +39,6 @@ from server.verifier.settings import VerifierSettings
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
-# Idle work (a cached prefix's generated tokens evaluated again as a prompt's, so that its
-# next turn keeps them) waits this long after the last step: a session's next round
-# comes sooner, a client's next prompt later.
-IDLE_WORK_AFTER_S = 0.25
 
 
 async def _result(future: Future) -> Any:
@@ -231,12 +227,16 @@ class BatchScheduler:
     # -- the engine thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        idle_work = False  # a step ran since the engine last found no idle work
+        idle_work = False  # a step ran (or idle work did) since idle work was last found none
         while True:
             idle = False
             with self._wake:
                 if not self._queue and not self._stopping:
-                    self._wake.wait(timeout=IDLE_WORK_AFTER_S if idle_work else SWEEP_INTERVAL_S)
+                    # Idle work waits a while after the last step: a session's next round
+                    # comes sooner, a client's next prompt later.
+                    after = self.settings.idle_retile_after_s
+                    idle_work = idle_work and after > 0
+                    self._wake.wait(timeout=after if idle_work else SWEEP_INTERVAL_S)
                     idle = idle_work and not self._queue and not self._stopping
                 if self._stopping and not self._queue:
                     return

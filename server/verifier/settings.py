@@ -104,6 +104,13 @@ class VerifierSettings(BaseSettings):
         "least this many rows and the rest in passes of fewer, if the startup probe finds "
         "that exact (docs/numerics.md); 0 = never",
     )
+    idle_retile_after_s: float = Field(
+        0.25,
+        ge=0.0,
+        description="seconds without a request after which the verifier evaluates cached "
+        "prefixes' generated tokens again as a next prompt would, a piece at a time, so that "
+        "a conversation's next turn keeps them (docs/numerics.md); 0 = never",
+    )
     prefix_cache_min_tokens: int = Field(
         16, ge=1, description="shortest common prefix worth reusing, in tokens"
     )

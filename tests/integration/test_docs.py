@@ -169,7 +169,7 @@ def check_static(env: dict[str, str], argv: list[str], where: str) -> None:
         assert (REPO_ROOT / script).is_file(), (where, script)
         known = script_options(script, script_args)
         for option in (a for a in script_args if a.startswith("-")):
-            assert option in known, (where, script, option)
+            assert option.split("=", 1)[0] in known, (where, script, option)  # --name=value
     else:
         raise AssertionError(f"{where}: the docs test does not know how to check {argv}")
 

@@ -24,7 +24,14 @@ def wait_healthy(client: TestClient, timeout: float = 60.0) -> None:
 @contextlib.contextmanager
 def verifier_client(verifier_model, **settings) -> Iterator[TestClient]:
     """The verifier app on the real model, loaded and probed; `settings` over the tests'."""
-    defaults = {"n_ctx": TEST_N_CTX, "n_threads": TEST_THREADS, "max_sessions": 4}
+    # No idle work: tests here count the tokens a request decodes (runtime counters), and
+    # a cached prefix evaluated again in a gap between requests would add to them.
+    defaults = {
+        "n_ctx": TEST_N_CTX,
+        "n_threads": TEST_THREADS,
+        "max_sessions": 4,
+        "idle_retile_after_s": 0.0,
+    }
     app = create_app(
         VerifierSettings(model_path=verifier_model, max_draft=MAX_DRAFT, **defaults | settings)
     )

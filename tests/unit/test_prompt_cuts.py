@@ -144,7 +144,8 @@ def test_a_next_turn_keeps_the_tiled_part_then_everything_once_evaluated_again_i
     for prompt, kept, tiled in ((second, 38, 32), (crossing, 32, 40)):
         runtime, engine = build()
         assert answered(engine, first, 9) == answer
-        assert engine.retile() == 38 - 24 and engine.retile() == 0  # nothing more to do
+        # A piece at a time: the tiled part to 32, then the rest below the tile.
+        assert [engine.retile() for _ in range(3)] == [32 - 24, 38 - 32, 0]
         (cached,) = engine.sessions.cached_prefixes.values()
         assert cached.tiled == 32 and len(cached.tokens) == 38
         assert_consistent(runtime, engine)
@@ -191,7 +192,7 @@ def test_the_engine_thread_runs_idle_work_through_the_scheduler():
     runtime, engine = build()
     scheduler = stepped_scheduler(engine)
     answered(engine, [2 + i % 50 for i in range(30)], 9)
-    assert scheduler.run_idle_work() == 38 - 24 and scheduler.run_idle_work() == 0
+    assert [scheduler.run_idle_work() for _ in range(3)] == [32 - 24, 38 - 32, 0]
     assert_consistent(runtime, engine)
 
 
@@ -234,3 +235,21 @@ def test_while_rounds_wait_a_prompts_tiled_part_goes_two_tiles_a_pass_and_answer
             (response,) = cycle.engine.run([work]).results
             out += response.tokens
         assert out[:5] == reference
+
+
+def test_idle_work_goes_a_piece_at_a_time_and_a_prompt_meanwhile_keeps_what_is_done():
+    """Between pieces the cached prefix holds exactly the cells evaluated again so far: a
+    prompt that takes it then answers as cold, and the plan is dropped."""
+    runtime, engine = build()
+    first = [2 + i % 50 for i in range(30)]
+    answer = answered(engine, first, 9)  # 38 cells, 24 tiled: again from 24, tiled to 32
+    assert engine.retile() == 8
+    (cached,) = engine.sessions.cached_prefixes.values()
+    assert len(cached.tokens) == 32 and cached.tiled == 32
+    assert_consistent(runtime, engine)
+    second = [*first, *answer, 50]  # tiled to 32 as well: keeps the 32 cells there are
+    reused = open_session(engine, second)
+    assert reused.cached_tokens == 32
+    assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 32)
+    assert engine.retile() == 0  # the prefix was taken: nothing left to do
+    assert_consistent(runtime, engine)
