@@ -260,6 +260,7 @@ class LlamaRuntime(LlamaVocab):
         n_seq_max: int = 1,
         n_batch: int = 512,
         n_threads: int = 0,
+        single_row_threads: int = 0,
         n_gpu_layers: int = 0,
         flash_attn: bool = True,
         verbose: bool = False,
@@ -273,7 +274,10 @@ class LlamaRuntime(LlamaVocab):
         ctx_params.kv_unified = False
         ctx_params.n_batch = n_batch
         ctx_params.n_ubatch = n_batch
-        ctx_params.n_threads = ctx_params.n_threads_batch = n_threads or usable_cores()
+        # llama.cpp computes a pass of one row with `n_threads`, any other with
+        # `n_threads_batch`; `single_row_threads` (0: the same) sets the first apart.
+        ctx_params.n_threads_batch = n_threads or usable_cores()
+        ctx_params.n_threads = single_row_threads or ctx_params.n_threads_batch
         ctx_params.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if flash_attn
@@ -288,7 +292,8 @@ class LlamaRuntime(LlamaVocab):
         self.n_seq_max = n_seq_max
         self.n_ctx_per_seq = int(llama_cpp.llama_n_ctx_seq(self._ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self._ctx))
-        self.n_threads = int(llama_cpp.llama_n_threads(self._ctx))
+        self.n_threads = int(llama_cpp.llama_n_threads_batch(self._ctx))
+        self.single_row_threads = int(llama_cpp.llama_n_threads(self._ctx))
         self.flash_attn = flash_attn
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.decoded_tokens_total = 0

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from server.shared.protocol import ErrorBody
 from server.shared.request_body import BodyLimit
-from server.shared.runtime import LlamaRuntime
+from server.shared.runtime import LlamaRuntime, supports_gpu_offload
 from server.verifier.engine import Engine
 from server.verifier.errors import install_error_handlers, send_error
 from server.verifier.metrics import RequestMetricsMiddleware, VerifierMetrics
@@ -51,11 +51,23 @@ def build_engine(settings: VerifierSettings) -> Engine:
         n_seq_max=settings.max_sessions,
         n_batch=max(settings.n_batch, settings.max_sessions * widest),
         n_threads=settings.n_threads,
+        single_row_threads=single_row_threads(settings),
         n_gpu_layers=settings.n_gpu_layers,
         flash_attn=settings.flash_attn,
         verbose=settings.verbose,
     )
     return Engine(runtime, settings)
+
+
+def single_row_threads(settings: VerifierSettings) -> int:
+    """Threads for a pass of one row (0: as many as for any pass). The CPU build's flash
+    attention splits a lone row's keys between threads once its sequence holds more than
+    256 cells, and sums the parts in another order than a pass of more rows does: the
+    verifier alone would then not decode what a round does (docs/numerics.md). With one
+    thread the split is one part, the same sums. Where a GPU runs every layer, the CPU
+    computes no attention."""
+    every_layer_on_gpu = settings.n_gpu_layers < 0 and supports_gpu_offload()
+    return 0 if every_layer_on_gpu else 1
 
 
 def check_model_file(path: Path) -> None:

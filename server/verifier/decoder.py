@@ -44,6 +44,7 @@ class PassDecoder:
         self.runtime = runtime
         self.n_seq = runtime.n_seq_max
         self.n_batch = runtime.n_batch
+        self.n_ctx_per_seq = runtime.n_ctx_per_seq
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return self.runtime.tokenize(text, add_special=add_special)

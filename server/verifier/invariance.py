@@ -46,6 +46,9 @@ PROBE_TEXT = (
     "depend on the batch: 3, 5, 8, 13, 21."
 )
 PROBE_CONTEXT = 24  # tokens each sequence holds before the probed rounds
+# A longer context for one sequence, past 256 cells: from there llama.cpp's CPU flash
+# attention splits a lone row's keys between threads (docs/numerics.md).
+LONG_CONTEXT = 320
 PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
 # Shorter prompt chunks tried when prompt reuse is wanted and n_batch is not exact.
 AUTO_PROMPT_CHUNKS = (48, 32, 16)
@@ -57,6 +60,7 @@ TIMED_ROUND_ROWS = 5
 class ProbeTarget(Protocol):
     n_seq: int
     n_batch: int
+    n_ctx_per_seq: int
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
 
@@ -134,6 +138,11 @@ def probe_engine(
         pin_width=settings.pin_width or max_draft + 1,
         prompt_chunks=prompt_chunks(decoder.n_batch, settings.prompt_chunk, reuse, max_draft + 1),
         tile_rows=_tile_rows(decoder.n_batch, settings, max_draft + 1),
+        long_context=min(
+            LONG_CONTEXT,
+            settings.n_ctx,
+            decoder.n_ctx_per_seq - 2 * max(max_draft + 1, settings.pin_width),
+        ),
     )
     shapes = replace(
         free,
@@ -161,23 +170,31 @@ def probe(
     pin_width: int,
     prompt_chunks: Sequence[int],
     tile_rows: int = 0,
+    long_context: int = 0,
 ) -> InvarianceReport:
     """The shapes to use and whether they are exact. `free`: the planner's free shapes;
     `round_rows`: the longest round (max_draft + 1); `pin`: "auto" (pinned shapes if the
     free ones differ and pinned ones agree), "on" or "off"; `tile_rows` > 0: the tiled
-    split to try where the first chunk length is not exact. Leaves every sequence empty."""
+    split to try where the first chunk length is not exact; `long_context` > the short
+    one: a round after that many cells is checked too. Leaves every sequence empty."""
     ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
+
+    def rounds(shapes: PassShapes) -> InvarianceReport:
+        long = None
+        if long_context > PROBE_CONTEXT:
+            long = _long_round(target, shapes, round_rows, long_context)
+        short = _rounds(target, shapes, ids, round_rows)  # leaves the contexts _pass_cost uses
+        return short if long is None else _worse(short, long)
+
     try:
-        report = _rounds(target, free, ids, round_rows) if pin != "on" else None
+        report = rounds(free) if pin != "on" else None
         if report is not None and report.batch_invariant:
             rows = min(round_rows, TIMED_ROUND_ROWS)
             cost_rows, timed = _pass_cost(target, free, ids, rows)
             report = replace(report, pass_cost_rows=cost_rows, pass_s=timed)
         elif pin != "off":
             pinned = replace(free, pinned_width=pin_width)
-            pinned_report = replace(
-                _rounds(target, pinned, ids, round_rows), pinned_width=pin_width
-            )
+            pinned_report = replace(rounds(pinned), pinned_width=pin_width)
             if report is None or pinned_report.batch_invariant:
                 report = pinned_report
         assert report is not None
@@ -267,6 +284,42 @@ def _rounds(
     reports = [compare(references[s], [alone[s], largest[s]]) for s in probed]
     worst = max(reports, key=lambda r: r.max_abs_diff)
     return replace(worst, batch_invariant=all(r.batch_invariant for r in reports))
+
+
+def _long_round(
+    target: ProbeTarget, shapes: PassShapes, round_rows: int, context: int
+) -> InvarianceReport:
+    """A round after `context` cells of sequence 0, its rows one at a time against the
+    round in one pass: kernels that change with a context's length (the CPU flash
+    attention's split of a lone row's keys) are not seen at the short context."""
+    ids = target.tokenize(PROBE_TEXT * 16, add_special=True)[: context + round_rows]
+    context = len(ids) - round_rows
+    round_tokens = ids[context:]
+    target.remove(0, -1)
+    target.evaluate_prompt(0, ids[:context], 0, shapes.pinned_width or target.n_batch, shapes)
+    try:
+        reference = np.concatenate(
+            [
+                target.decode_jobs([JobRows(0, context + i, [token], True)], shapes)[0]
+                for i, token in enumerate(round_tokens)
+            ]
+        )
+        target.remove(0, context)
+        together = target.decode_jobs([JobRows(0, context, round_tokens, True)], shapes)[0]
+    finally:
+        target.remove(0, -1)
+    return compare(reference, [together])
+
+
+def _worse(a: InvarianceReport, b: InvarianceReport) -> InvarianceReport:
+    """Two checks of the same shapes as one report: exact only if both are."""
+    return replace(
+        a,
+        batch_invariant=a.batch_invariant and b.batch_invariant,
+        max_abs_diff=max(a.max_abs_diff, b.max_abs_diff),
+        argmax_agrees=a.argmax_agrees and b.argmax_agrees,
+        positions=a.positions + b.positions,
+    )
 
 
 def _pass_cost(

@@ -32,7 +32,10 @@ class VerifierSettings(BaseSettings):
         0, ge=-1, description="layers offloaded to the GPU (-1 = all); 0 on a CPU-only build"
     )
     n_threads: int = Field(
-        0, ge=0, description="CPU threads for decoding (0 = the cores this process may use)"
+        0,
+        ge=0,
+        description="CPU threads for decoding (0 = the cores this process may use); a pass "
+        "of one row uses one, unless a GPU runs every layer (docs/numerics.md)",
     )
     n_batch: int = Field(512, ge=16, description="largest number of tokens in one llama_decode")
     max_sessions: int = Field(8, ge=1, le=256, description="sessions held at once (KV sequences)")
