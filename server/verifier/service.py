@@ -31,6 +31,7 @@ from server.verifier.decoding_rules import prepared_constraint
 from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
+from server.verifier.keyed_pool import KeyedPool
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
 
@@ -41,6 +42,9 @@ TEXT_WORKERS = 2
 # Prompt texts one key may have in the text pool (waiting or being tokenized): another
 # key's text never waits behind more than this many of a flooding key's.
 TEXTS_PER_KEY = 2 * TEXT_WORKERS
+# Grammars are compiled apart from texts, one at a time (a grammar's memory is measured
+# as the process's), keys in turn (keyed_pool.py), this many a key waiting or compiling.
+GRAMMARS_PER_KEY = 2
 
 
 class VerifierService:
@@ -51,10 +55,12 @@ class VerifierService:
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
+        self._grammar_pool = KeyedPool(1, "grammars", per_owner=GRAMMARS_PER_KEY)
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
         self._text_pool.shutdown(wait=True, cancel_futures=True)
+        self._grammar_pool.shutdown()
         self.scheduler.close()
 
     async def _in_text_pool(self, fn: Callable, *args, **kwargs):
@@ -63,41 +69,39 @@ class VerifierService:
         )
 
     async def _prepared(self, request: P, owner: str) -> tuple[P, Constraint | None]:
-        """The request with its prompt text tokenized, and its grammar compiled (the
-        session's state), in the text pool: the engine thread only ever sees token ids and
-        compiled grammars. A text that cannot fit is refused untokenized; work past the
-        key's TEXTS_PER_KEY is refused too (503, to retry)."""
-        if request.prompt is not None and len(request.prompt) > self.engine.max_prompt_chars:
+        """The request with its prompt text tokenized (in the text pool, TEXTS_PER_KEY a
+        key) and its grammar compiled, the session's state (in the grammar pool: one at a
+        time, keys in turn, GRAMMARS_PER_KEY a key): the engine thread only ever sees token
+        ids and compiled grammars. A text that cannot fit is refused untokenized; work past
+        a key's share is refused (503, to retry)."""
+        if request.prompt is not None:
+            request = await self._tokenized(request, owner)
+        if request.grammar is None:
+            return request, None
+        grammars, prompt_ids = self.engine.grammars, request.prompt_tokens
+        compiled = self._grammar_pool.submit(
+            owner, lambda: prepared_constraint(grammars, request, prompt_ids, owner)
+        )
+        return request, await asyncio.wrap_future(compiled)
+
+    async def _tokenized(self, request: P, owner: str) -> P:
+        if len(request.prompt) > self.engine.max_prompt_chars:
             raise PromptTooLong(
                 f"the prompt has {len(request.prompt)} characters; no text over "
                 f"{self.engine.max_prompt_chars} fits a session's {self.engine.n_ctx} tokens "
                 "(VERIFIER_MAX_PROMPT_CHARS)"
             )
-        if request.prompt is None and request.grammar is None:
-            return request, None
         if self._texts_by_key[owner] >= TEXTS_PER_KEY:
-            raise ServerFull(
-                f"this key has {TEXTS_PER_KEY} prompts or grammars being prepared; retry shortly"
-            )
+            raise ServerFull(f"this key has {TEXTS_PER_KEY} prompts being tokenized; retry shortly")
         self._texts_by_key[owner] += 1
         try:
-            constraint = None
-            if request.prompt is not None:
-                tokenize = self.engine.runtime.tokenize
-                ids = await self._in_text_pool(
-                    tokenize, request.prompt, add_special=request.add_bos
-                )
-                update = {"prompt": None, "prompt_tokens": ids, "add_bos": False}
-                request = request.model_copy(update=update)
-            if request.grammar is not None:
-                constraint = await self._in_text_pool(
-                    prepared_constraint, self.engine.grammars, request, request.prompt_tokens
-                )
+            tokenize = self.engine.runtime.tokenize
+            ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
         finally:
             self._texts_by_key[owner] -= 1
             if not self._texts_by_key[owner]:
                 del self._texts_by_key[owner]
-        return request, constraint
+        return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
 
     async def prefill(
         self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
