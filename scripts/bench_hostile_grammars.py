@@ -40,11 +40,11 @@ def slow_schema(n: int) -> dict:
 
 def mallory_requests(kind: str, n: int) -> tuple[dict, dict]:
     """An attack's prefill body and how its rounds go (the n-th try)."""
-    if kind == "ambiguous, chunks":
+    if kind == "ambiguous-chunks":
         return {"prompt": "x", "grammar": {"kind": "lark", "source": AMBIGUOUS}}, {"chunk": 16}
-    if kind == "ambiguous, 16 drafts":
+    if kind == "ambiguous-drafts":
         return {"prompt": "x", "grammar": {"kind": "lark", "source": AMBIGUOUS}}, {"draft": 16}
-    if kind == "nested repetition":
+    if kind == "nested-repetition":
         grammar = {"kind": "regex", "source": f"((a{{1000}}){{1000}}){{1000}}x{n}"}
         return {"prompt": "x", "grammar": grammar}, {"chunk": 4}
     grammar = {"kind": "json_schema", "source": slow_schema(n)}
@@ -154,7 +154,7 @@ def run(url: str, pid: int | None, seconds: float, attacks: list[str]) -> None:
         )
 
 
-ATTACKS = ["ambiguous, chunks", "ambiguous, 16 drafts", "nested repetition", "slow compiles"]
+ATTACKS = ["ambiguous-chunks", "ambiguous-drafts", "nested-repetition", "slow-compiles"]
 
 
 def main() -> None:

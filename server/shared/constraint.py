@@ -16,9 +16,10 @@ cloned at every draft position).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -169,8 +170,8 @@ class GrammarLimits:
     """What compiling one grammar may cost (0: no limit): its time, with its first mask
     (where a grammar's lexer is built: a costly grammar pays there); the memory that took;
     and what one owner's compiled grammars may hold, in count and bytes, kept for its next
-    sessions. Memory is the process's resident size before and after, so compiles run one
-    at a time where it is limited."""
+    sessions. Memory is what the process's heap holds allocated before and after, so
+    compiles run one at a time where it is limited."""
 
     compile_s: float = 0.0
     grammar_bytes: int = 0
@@ -233,7 +234,7 @@ class Grammars:
         self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer, key
     ) -> _Template:
         limits = self.limits
-        before, began = resident_bytes(), time.perf_counter()
+        before, began = allocated_bytes(), time.perf_counter()
         grammar = compile_grammar(kind, source)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
@@ -241,7 +242,7 @@ class Grammars:
         # The first mask, here: it builds the lexer, the costly part of a costly grammar,
         # and shows a grammar that fails at its first token.
         Constraint(matcher, self.n_vocab, frozenset()).row_masks([])
-        seconds, nbytes = time.perf_counter() - began, max(0, resident_bytes() - before)
+        seconds, nbytes = time.perf_counter() - began, max(0, allocated_bytes() - before)
         refusal = None
         if limits.compile_s and seconds > limits.compile_s:
             refusal = (
@@ -277,10 +278,42 @@ class Grammars:
             held -= self._templates.pop(oldest).nbytes
 
 
-def resident_bytes() -> int:
-    """The process's resident memory (0 where /proc is not there to say)."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):  # not glibc 2.33 or later (macOS, musl)
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def allocated_bytes() -> int:
+    """The bytes the process's heap holds allocated (glibc's `mallinfo2`, which llguidance's
+    allocations go through; memory freed is counted out, unlike the resident size, which
+    a later compile would reuse unseen); 0 where it cannot say."""
+    if _MALLINFO2 is None:
         return 0
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd

@@ -278,13 +278,14 @@ class CycleStep:
         decoded (not a replay, nor one its checks refuse: begun, it is answered)."""
         if job.work is not None or not isinstance(job.request, VerifyRequest):
             return True
-        request = job.chunk.next_request() if job.chunk is not None and job.chunk.steps else None
-        request = request or job.request
         try:
             session = self.engine.session(job.session_id, job.owner)
-            key = round_key(request)
             if session.constraint is None or session.work is not None:
                 return True
+            request, key = job.request, job.round_key
+            if job.chunk is not None and job.chunk.steps:
+                request = job.chunk.next_request()
+                key = round_key(request)
             if session.last_round_key == key and session.last_response is not None:
                 return True
             self.engine.check_round(session, request)

@@ -145,6 +145,10 @@ class Engine:
     def session(self, session_id: str, owner: str | None = None) -> Session:
         return self.sessions.get(session_id, owner)
 
+    # These read the vocabulary only, never a session: safe on any thread (the text pool).
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        return self.runtime.tokenize(text, add_special=add_special)
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.runtime.detokenize(tokens)
 

@@ -141,7 +141,7 @@ class BatchScheduler:
         owner: str = "anonymous",
         finishing: bool = False,
     ) -> Any:
-        """Run engine work that needs no decode (delete, detokenize) on the engine thread,
+        """Run engine work that needs no decode (a delete, a session's end) on the engine thread,
         after any work queued before it for `session_id`. Work `finishing` a request that
         was admitted (its last step, freeing what it leaves) is never refused for a full
         queue: refused, it would waste the request's work or hold a sequence until the

@@ -1,8 +1,14 @@
 """What the routes call: one interface over the scheduler and the engine.
 
-Routes parse and check HTTP; this says what each request does to the sessions. Engine
-work that needs no decode (a delete, a detokenize) still runs in the scheduler's queue,
-behind the session's earlier work.
+Routes parse HTTP and call only this; this says what each request does to the sessions.
+Where each part runs:
+- the event loop: checks, and waiting;
+- the engine thread (through the scheduler's queue, behind the session's earlier work):
+  everything that reads or changes sessions, decodes included, and a session's end;
+- the text pool: `Engine.tokenize` and `Engine.detokenize`, which read the vocabulary
+  only (tests/unit/test_service_boundary.py holds this);
+- the grammar thread: compiling a grammar into a new session's state (`Grammars` is
+  thread-safe; the state is no session's until the prefill that carries it begins).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
@@ -95,8 +101,7 @@ class VerifierService:
             raise ServerFull(f"this key has {TEXTS_PER_KEY} prompts being tokenized; retry shortly")
         self._texts_by_key[owner] += 1
         try:
-            tokenize = self.engine.runtime.tokenize
-            ids = await self._in_text_pool(tokenize, request.prompt, add_special=request.add_bos)
+            ids = await self._in_text_pool(self.engine.tokenize, request.prompt, request.add_bos)
         finally:
             self._texts_by_key[owner] -= 1
             if not self._texts_by_key[owner]:
@@ -104,11 +109,18 @@ class VerifierService:
         return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
 
     async def prefill(
-        self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
+        self,
+        request: PrefillRequest,
+        owner: str,
+        gone: ClientGone | None = None,
+        routing: Sequence[str] = (),
     ) -> PrefillResponse:
-        """Open a session. If the client went away meanwhile, nobody will read the answer:
-        the session it opened is ended at once rather than hold its sequence until the
-        idle TTL (a client that chose the id and retries finds it free)."""
+        """Open a session (`routing`: the request's X-Session-Id headers, which name the
+        id it asks for, if any). If the client went away meanwhile, nobody will read the
+        answer: the session it opened is ended at once rather than hold its sequence until
+        the idle TTL (a client that chose the id and retries finds it free)."""
+        session_id = session_id_named(routing_header(list(routing)), request.session_id)
+        request = request.model_copy(update={"session_id": session_id})
         request, constraint = await self._prepared(request, owner)
         opened = await self.scheduler.prefill(request, owner, constraint)
         if gone is not None and await gone():
@@ -123,7 +135,8 @@ class VerifierService:
         session_id_named(routing_header(list(routing)), request.session_id)
         return await self.scheduler.verify(request, owner)
 
-    async def delete(self, session_id: str, owner: str) -> None:
+    async def delete(self, session_id: str, owner: str, routing: Sequence[str] = ()) -> None:
+        session_id_named(routing_header(list(routing)), session_id)
         sessions = self.engine.sessions
         await self.scheduler.call(lambda: sessions.delete(session_id, owner), session_id, owner)
 
@@ -187,6 +200,15 @@ class VerifierService:
 
     def info(self) -> InfoResponse:
         return engine_info(self.engine)
+
+    def vocab_etag(self) -> str:
+        return f'"{self.engine.vocab.hash}"'
+
+    def vocab_file_name(self) -> str:
+        return f"{self.engine.runtime.model_path.stem}.vocab.gguf"
+
+    def session_count(self) -> int:
+        return self.engine.session_count
 
     async def vocab_file(self) -> bytes:
         """GET /vocab's file, written once on first demand, off the event loop."""
