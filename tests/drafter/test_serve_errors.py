@@ -211,3 +211,12 @@ def test_a_replayed_tool_calls_arguments_nested_too_deep_are_a_400_naming_them(a
     assert "nested deeper than" in error["message"]
     quoted = json.dumps({"text": "[" * 1000})
     assert api.post("/v1/chat/completions", json=replayed(quoted)).status_code == 503
+
+
+def test_a_body_nested_too_deep_to_read_is_invalid_json_saying_so(api):
+    deep = b'{"model": "any", "prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    response = api.post(
+        "/v1/completions", content=deep, headers={"content-type": "application/json"}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["code"] == "invalid_json" and "nested too deep" in error["message"]

@@ -51,3 +51,17 @@ def test_a_replayed_tool_call_with_deep_arguments_is_a_400_and_serve_goes_on(api
     assert "nested" in error["message"]
     assert error["param"] == "messages.1.tool_calls.0.function.arguments"
     still_answers(api)
+
+
+def test_a_body_nested_too_deep_is_invalid_json_and_serve_goes_on(api):
+    deep = b'{"model": "any", "messages": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    response = httpx.post(
+        f"{api.url}/chat/completions",
+        content=deep,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and "nested too deep" in error["message"]
+    still_answers(api)
