@@ -33,7 +33,7 @@ import numpy as np
 
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
-TEMPLATES_KEPT = 64  # an owner's grammars compiled, the most recently used kept
+TEMPLATES_KEPT = 32  # an owner's grammars compiled, the most recently used kept
 REFUSALS_KEPT = 256  # grammars refused for a limit, answered again without compiling
 # llguidance's own limits on a grammar's size and the work of one mask, but for its error
 # messages, which would quote the client's grammar back into logs.

@@ -8,6 +8,8 @@ arrival order, which is what this must not do.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -16,12 +18,20 @@ from typing import Any
 
 from server.verifier.errors import ServerFull
 
+# How much lower the threads that compile grammars and compute their masks run: the
+# work a client's grammar costs takes the cores only when the engine leaves them.
+GRAMMAR_NICE = 10
+
 
 class KeyedPool:
-    def __init__(self, workers: int, name: str, per_owner: int):
+    def __init__(self, workers: int, name: str, per_owner: int, nice: int = 0):
         """`per_owner`: tasks one owner may have waiting or running (0: any number); more
-        are refused (ServerFull: 503, to retry)."""
+        are refused (ServerFull: 503, to retry). `nice`: the threads' scheduling
+        priority, lowered by that much where the system lets a thread have its own
+        (Linux): a client's grammar work then yields the cores to the engine thread and
+        the event loop, which answer every client."""
         self.per_owner = per_owner
+        self.nice = nice
         self._tasks: dict[str, deque[tuple[Future, Callable[[], Any]]]] = {}
         self._turns: deque[str] = deque()  # owners with a task waiting and none running
         self._running: set[str] = set()
@@ -64,6 +74,9 @@ class KeyedPool:
             thread.join()
 
     def _serve(self) -> None:
+        if self.nice:
+            with contextlib.suppress(AttributeError, OSError):  # no per-thread priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         while True:
             with self._wake:
                 while not self._turns and not self._stopping:

@@ -33,7 +33,7 @@ from server.verifier.engine import Engine
 from server.verifier.errors import EngineInterrupted, ServerFull
 from server.verifier.gather import Gatherer
 from server.verifier.jobs import Opened
-from server.verifier.keyed_pool import KeyedPool
+from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.settings import VerifierSettings
 
@@ -88,7 +88,7 @@ class BatchScheduler:
         self.engine = engine
         self.metrics = metrics
         self.settings = settings
-        self.mask_pool = KeyedPool(MASK_WORKERS, "masks", per_owner=0)
+        self.mask_pool = KeyedPool(MASK_WORKERS, "masks", per_owner=0, nice=GRAMMAR_NICE)
         self.cycle = CycleStep(engine, masks=self._masks)
         self.admission = QueueShare(settings.max_queue)
         self.gatherer = Gatherer(

@@ -37,7 +37,7 @@ from server.verifier.decoding_rules import prepared_constraint
 from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
-from server.verifier.keyed_pool import KeyedPool
+from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
 
@@ -61,7 +61,7 @@ class VerifierService:
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
-        self._grammar_pool = KeyedPool(1, "grammars", per_owner=GRAMMARS_PER_KEY)
+        self._grammar_pool = KeyedPool(1, "grammars", per_owner=GRAMMARS_PER_KEY, nice=GRAMMAR_NICE)
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.

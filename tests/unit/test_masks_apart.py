@@ -6,6 +6,7 @@ that block on events."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future
 
@@ -14,7 +15,7 @@ import pytest
 
 from server.verifier.cycle import CycleStep, Job
 from server.verifier.errors import InvalidGrammar, ServerFull
-from server.verifier.keyed_pool import KeyedPool
+from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.rounds import grammar_step
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
@@ -174,3 +175,17 @@ def test_one_thread_serves_keys_in_turn_and_a_keys_share_is_bounded():
     # After mallory's running task, alice's turn came before mallory's next.
     assert order == ["alice", "mallory"]
     pool.shutdown()
+
+
+def test_the_pools_threads_run_below_the_engine():
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        pytest.skip("no per-thread priority here")
+    pool = KeyedPool(1, "test", per_owner=0, nice=GRAMMAR_NICE)
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        theirs = pool.submit(
+            "a", lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        ).result(timeout=60)
+    finally:
+        pool.shutdown()
+    assert theirs == min(19, mine + GRAMMAR_NICE)
