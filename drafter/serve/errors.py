@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from drafter.errors import DrafterError, VerifierRejected, VerifierUnavailable, VocabularyMismatch
 from drafter.serve.slots import QueueFull
+from server.shared.request_body import NESTED_TOO_DEEP, nested_too_deep
 
 log = logging.getLogger("drafter.serve")
 
@@ -148,7 +149,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
+        if nested_too_deep(exc):
+            error = invalid_request(NESTED_TOO_DEEP, code="invalid_json")
+        elif exc.status_code == 404:
             error = OpenAIError(
                 404, f"no route {request.url.path}", "invalid_request_error", "not_found"
             )

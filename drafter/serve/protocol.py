@@ -10,6 +10,8 @@ has (`unknown_fields`: `max_token` is a 400 that suggests `max_tokens`).
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -40,6 +42,9 @@ MAX_CHOICES = 16
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's own limit
 MAX_TOOLS = 128  # OpenAI's own limit
 MAX_TOOL_CALLS = 128
+# Deep enough for any tool's arguments, shallow enough that json's parser and encoder,
+# which recurse a level at a time, read and write them again wherever a prompt is made.
+MAX_ARGUMENTS_DEPTH = 64
 
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
@@ -219,11 +224,32 @@ class TextPart(BaseModel):
     text: Text
 
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth(text: str) -> int:
+    """How deep a JSON text's arrays and objects nest (brackets inside its strings not
+    counted), found without recursing: recursion is what a deep text breaks."""
+    if text.count("[") + text.count("{") == 0:
+        return 0
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+
+
 class CalledFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: Text
     arguments: Text  # JSON, as the model wrote it
+
+    @field_validator("arguments")
+    @classmethod
+    def _not_too_deep(cls, arguments: str) -> str:
+        if json_depth(arguments) > MAX_ARGUMENTS_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_ARGUMENTS_DEPTH} levels")
+        return arguments
 
 
 class ToolCall(BaseModel):

@@ -26,6 +26,29 @@ from server.shared.protocol import Grammar
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+# JSON Schema's keywords whose values are schemas: a map of them, one, or a list (or one).
+SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
+SCHEMAS = frozenset(
+    {
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "contains",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "propertyNames",
+    }
+)
 
 
 def request_grammar(request: _Request) -> Grammar | None:
@@ -62,7 +85,7 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar:
     choice = request.tool_choice
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == choice.function.name]
-    calls = {"anyOf": [_call_schema(tool) for tool in tools]}
+    calls = {"anyOf": [_call_schema(tool, f"/anyOf/{i}") for i, tool in enumerate(tools)]}
     call = f"{json.dumps(OPEN)} call {json.dumps(CLOSE)}"
     rules = f"call: %json {json.dumps(calls)}"
     if choice in (None, "auto"):
@@ -72,16 +95,44 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar:
     return _grammar("tools", "lark", lark)
 
 
-def _call_schema(tool: Tool) -> dict[str, Any]:
+def _call_schema(tool: Tool, at: str) -> dict[str, Any]:
+    """A call to `tool`, as the schema placed at `at` (a JSON pointer) in the grammar's."""
+    arguments = f"{at}/properties/arguments"
     return {
         "type": "object",
         "properties": {
             "name": {"const": tool.function.name},
-            "arguments": tool.function.parameters or NO_ARGUMENTS,
+            "arguments": rebased(tool.function.parameters or NO_ARGUMENTS, arguments),
         },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def rebased(schema: Any, at: str) -> Any:
+    """`schema` as it reads placed at `at` (a JSON pointer) inside another document: each
+    `$ref` to a place in it ("#", "#/$defs/City") points there again, so that it resolves
+    to what it did in the schema alone (and two tools' `$defs` of one name stay apart). A
+    copy, made level by level without recursion: parameters nest as deep as a body may."""
+    holder: dict[Any, Any] = {"schema": schema}
+    todo: list[tuple[Any, Any]] = [(holder, "schema")]
+    while todo:
+        parent, key = todo.pop()
+        if not isinstance(parent[key], dict):
+            continue  # true or false: a schema without refs
+        node = parent[key] = dict(parent[key])
+        for word, value in node.items():
+            if word == "$ref" and isinstance(value, str) and (value == "#" or value[:2] == "#/"):
+                node[word] = f"#{at}{value[1:]}"
+            elif word in SCHEMA_MAPS and isinstance(value, dict):
+                node[word] = dict(value)
+                todo += [(node[word], name) for name in value]
+            elif word in SCHEMAS and isinstance(value, list):
+                node[word] = list(value)
+                todo += [(node[word], i) for i in range(len(value))]
+            elif word in SCHEMAS:
+                todo.append((node, word))
+    return holder["schema"]
 
 
 def tools_message(tools: list[Tool]) -> str:

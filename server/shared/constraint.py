@@ -16,11 +16,15 @@ cloned at every draft position).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -29,7 +33,8 @@ import numpy as np
 
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
-TEMPLATES_KEPT = 64  # grammars compiled, the most recently used kept for new sessions
+TEMPLATES_KEPT = 32  # an owner's grammars compiled, the most recently used kept
+REFUSALS_KEPT = 256  # grammars refused for a limit, answered again without compiling
 # llguidance's own limits on a grammar's size and the work of one mask, but for its error
 # messages, which would quote the client's grammar back into logs.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
@@ -64,32 +69,63 @@ def compile_grammar(kind: str, source: str | dict[str, Any]) -> str:
         raise GrammarError(str(exc)) from None
 
 
+class GrammarTooSlow(GrammarError):
+    """A row's mask took longer than the session's grammar may take: the grammar is
+    failed for good (every later round of the session is refused at once)."""
+
+
 class Constraint:
-    """One session's grammar state, at its committed tokens."""
+    """One session's grammar state, at its committed tokens. Its masks are computed off
+    the engine thread (`row_masks`, one round at a time: a session has one round in
+    flight) and applied there (`apply_masks`), beside the commits: never at once."""
 
     def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, ends: frozenset[int]):
         self._matcher = matcher
         self.n_vocab = n_vocab
         self._ends = ends  # the tokens that end the text where the grammar may end
+        self.failure: str | None = None  # why the grammar was failed for good
 
-    def mask_rows(self, logits: np.ndarray, draft_tokens: Sequence[int]) -> np.ndarray:
-        """A round's rows, each masked by the state after the draft tokens before it
-        (rows after a forbidden draft token are left as they are: never read)."""
-        rows = logits.shape[0]
-        words = (self.n_vocab + 31) // 32
-        bitmask = np.full((rows, words), -1, dtype=np.int32)
-        if draft_tokens:
-            llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(
-                _EXECUTOR, [(self._matcher, 0, list(draft_tokens))], bitmask
-            )
-        else:
-            llguidance.numpy.fill_next_token_bitmask(self._matcher, bitmask, 0)
-        self._check()
+    def row_masks(self, draft_tokens: Sequence[int], row_budget_s: float = 0.0) -> np.ndarray:
+        """The allowed tokens of a round's rows (llguidance's bitmask, a row for the
+        pending token and one per draft token), each after the draft tokens before it;
+        rows after a draft token the grammar forbids allow everything (they are never
+        read). A row that takes longer than `row_budget_s` (0: no limit) fails the grammar
+        for good: `GrammarTooSlow`. The state is as it was after."""
+        if self.failure is not None:
+            raise GrammarError(self.failure)
+        rows = len(draft_tokens) + 1
+        bitmask = np.full((rows, (self.n_vocab + 31) // 32), -1, dtype=np.int32)
+        matcher, consumed = self._matcher, 0
+        try:
+            for row in range(rows):
+                began = time.perf_counter()
+                llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, row)
+                spent = time.perf_counter() - began
+                if row_budget_s and spent > row_budget_s:
+                    self.failure = (
+                        f"the grammar took {spent * 1000:.0f} ms for one token's mask, over "
+                        f"the limit of {row_budget_s * 1000:.0f} ms (VERIFIER_GRAMMAR_ROW_MS)"
+                    )
+                    raise GrammarTooSlow(self.failure)
+                self._check()
+                if row == rows - 1 or matcher.try_consume_tokens([draft_tokens[row]]) != 1:
+                    break
+                consumed += 1
+        finally:
+            matcher.rollback(consumed)
+        return bitmask
+
+    def apply_masks(self, logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+        """The rows with what the masks forbid at -inf (pure numpy: the engine's part)."""
         allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
-        allowed = allowed[:, : min(logits.shape[1], self.n_vocab)].astype(bool)
+        allowed = allowed[: logits.shape[0], : min(logits.shape[1], self.n_vocab)].astype(bool)
         if allowed.shape[1] < logits.shape[1]:  # padding tokens past the grammar's vocabulary
             allowed = np.pad(allowed, ((0, 0), (0, logits.shape[1] - allowed.shape[1])))
         return np.where(allowed, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def mask_rows(self, logits: np.ndarray, draft_tokens: Sequence[int]) -> np.ndarray:
+        """A round's rows, each masked by the state after the draft tokens before it."""
+        return self.apply_masks(logits, self.row_masks(draft_tokens))
 
     def _check(self) -> None:
         """A grammar past its limits (or broken) stops the matcher with a reason, not an
@@ -129,41 +165,155 @@ class Constraint:
         return self._matcher.is_stopped()
 
 
-class Grammars:
-    """Grammars compiled for one vocabulary: the first use of a grammar compiles it (a
-    JSON schema takes milliseconds, a large one longer), later sessions copy it.
-    Thread-safe: the verifier compiles in its text pool, off the engine thread, so that a
-    new grammar never holds up other sessions' rounds."""
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What compiling one grammar may cost (0: no limit): its time, with its first mask
+    (where a grammar's lexer is built: a costly grammar pays there); the memory that took;
+    and what one owner's compiled grammars may hold, in count and bytes, kept for its next
+    sessions. Memory is what the process's heap holds allocated before and after, so
+    compiles run one at a time where it is limited."""
 
-    def __init__(self, tokenizer: Callable[[], llguidance.LLTokenizer], n_vocab: int):
+    compile_s: float = 0.0
+    grammar_bytes: int = 0
+    kept_per_owner: int = TEMPLATES_KEPT
+    bytes_per_owner: int = 0
+
+
+@dataclass
+class _Template:
+    matcher: llguidance.LLMatcher
+    nbytes: int
+
+
+class Grammars:
+    """Grammars compiled for one vocabulary: the first use of a grammar compiles it, later
+    sessions of the same owner copy it. Each owner's compiled grammars are kept apart and
+    bounded (`GrammarLimits`): one owner's never evict another's, and a grammar over a
+    limit is refused (and remembered as refused). Thread-safe."""
+
+    def __init__(
+        self,
+        tokenizer: Callable[[], llguidance.LLTokenizer],
+        n_vocab: int,
+        limits: GrammarLimits = GrammarLimits(),
+    ):
         self._make_tokenizer = tokenizer
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._ends: frozenset[int] = frozenset()
         self.n_vocab = n_vocab
-        self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self.limits = limits
+        self._templates: OrderedDict[tuple[str, str], _Template] = OrderedDict()
+        self._refused: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def constraint(self, kind: str, source: str | dict[str, Any]) -> Constraint:
+    def constraint(self, kind: str, source: str | dict[str, Any], owner: str = "") -> Constraint:
         # The source exactly: a schema's keys are generated in its properties' order.
-        key = hashlib.sha256(json.dumps([kind, source]).encode()).hexdigest()
+        key = (owner, hashlib.sha256(json.dumps([kind, source]).encode()).hexdigest())
         with self._lock:
             template = self._templates.get(key)
             if template is not None:
                 self._templates.move_to_end(key)
-                return Constraint(template.deep_copy(), self.n_vocab, self._ends)
+                return Constraint(template.matcher.deep_copy(), self.n_vocab, self._ends)
+            if key in self._refused:
+                raise GrammarError(self._refused[key])
             if self._tokenizer is None:
                 self._tokenizer = self._make_tokenizer()
                 self._ends = frozenset(self._tokenizer.eos_tokens)
             tokenizer = self._tokenizer
+        template = self._compiled(kind, source, tokenizer, key)
+        with self._lock:
+            self._keep(key, template)
+        return Constraint(template.matcher.deep_copy(), self.n_vocab, self._ends)
+
+    def held_bytes(self, owner: str) -> int:
+        """What `owner`'s kept grammars took to compile, as measured."""
+        with self._lock:
+            return sum(t.nbytes for (o, _), t in self._templates.items() if o == owner)
+
+    def _compiled(
+        self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer, key
+    ) -> _Template:
+        limits = self.limits
+        before, began = allocated_bytes(), time.perf_counter()
         grammar = compile_grammar(kind, source)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        with self._lock:
-            self._templates[key] = matcher
-            while len(self._templates) > TEMPLATES_KEPT:
-                self._templates.popitem(last=False)
-        return Constraint(matcher.deep_copy(), self.n_vocab, self._ends)
+        # The first mask, here: it builds the lexer, the costly part of a costly grammar,
+        # and shows a grammar that fails at its first token.
+        Constraint(matcher, self.n_vocab, frozenset()).row_masks([])
+        seconds, nbytes = time.perf_counter() - began, max(0, allocated_bytes() - before)
+        refusal = None
+        if limits.compile_s and seconds > limits.compile_s:
+            refusal = (
+                f"the grammar took {seconds:.1f} s to compile, over the limit of "
+                f"{limits.compile_s:g} s (VERIFIER_GRAMMAR_COMPILE_S)"
+            )
+        elif limits.grammar_bytes and nbytes > limits.grammar_bytes:
+            refusal = (
+                f"the compiled grammar takes {nbytes / 1e6:.0f} MB, over the limit of "
+                f"{limits.grammar_bytes / 1e6:.0f} MB (VERIFIER_GRAMMAR_MAX_MB)"
+            )
+        if refusal is not None:
+            with self._lock:
+                self._refused[key] = refusal
+                while len(self._refused) > REFUSALS_KEPT:
+                    self._refused.popitem(last=False)
+            raise GrammarError(refusal)
+        return _Template(matcher, nbytes)
+
+    def _keep(self, key: tuple[str, str], template: _Template) -> None:
+        """Under the lock: kept for the owner's next sessions, its oldest ones dropped
+        while the owner holds more than its count or its bytes."""
+        self._templates[key] = template
+        self._templates.move_to_end(key)
+        owner, limits = key[0], self.limits
+        mine = [k for k in self._templates if k[0] == owner]
+        held = sum(self._templates[k].nbytes for k in mine)
+        while len(mine) > 1 and (
+            len(mine) > limits.kept_per_owner
+            or (limits.bytes_per_owner and held > limits.bytes_per_owner)
+        ):
+            oldest = mine.pop(0)
+            held -= self._templates.pop(oldest).nbytes
 
 
-_EXECUTOR = llguidance.LLExecutor(num_threads=1)
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):  # not glibc 2.33 or later (macOS, musl)
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def allocated_bytes() -> int:
+    """The bytes the process's heap holds allocated (glibc's `mallinfo2`, which llguidance's
+    allocations go through; memory freed is counted out, unlike the resident size, which
+    a later compile would reuse unseen); 0 where it cannot say."""
+    if _MALLINFO2 is None:
+        return 0
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd

@@ -18,6 +18,14 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Reject = Callable[[Send, int, str, str], Awaitable[None]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+NESTED_TOO_DEEP = "the request body is nested too deep to read as JSON"
+
+
+def nested_too_deep(exc: BaseException) -> bool:
+    """Whether a web framework's refusal of a body it could not parse came of JSON nested
+    deeper than the parser recurses: malformed JSON to the client, not some other fault
+    (FastAPI answers every parse failure but a syntax error with one bare 400)."""
+    return isinstance(exc.__cause__, RecursionError)
 
 
 class ClientGone(Exception):

@@ -124,6 +124,17 @@ def check_round(
         )
 
 
+def check_verify(
+    committed: int, request: VerifyRequest, max_draft: int, n_ctx: int, n_vocab: int
+) -> None:
+    """A round is the session's next (`committed` tokens), its draft well formed."""
+    draft_tokens = list(request.draft_tokens)
+    check_round(
+        committed, request.n_past, draft_tokens, max_draft=max_draft, n_ctx=n_ctx, n_vocab=n_vocab
+    )
+    check_draft_probs(draft_tokens, request.draft_probs, n_vocab)
+
+
 def check_draft_probs(
     draft_tokens: Sequence[int], pairs: list[list[tuple[int, float]]] | None, n_vocab: int
 ) -> None:

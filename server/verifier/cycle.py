@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
 from server.verifier.checks import round_key
@@ -38,7 +38,7 @@ from server.verifier.decoder import PassRecord
 from server.verifier.engine import Engine
 from server.verifier.errors import APIError, EngineInterrupted, InternalError, SessionNotFound
 from server.verifier.jobs import Opened, PrefillWork, VerifyWork, Work
-from server.verifier.rounds import record_answer
+from server.verifier.rounds import grammar_step, record_answer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class Job:
     work: Work | None = None  # once begun (a chunk: its step now)
     chunk: ChunkSteps | None = None  # a round asking for several tokens: its steps so far
     constraint: Any = None  # a prefill's grammar state, compiled off the engine thread
+    masks: Pending | None = None  # a round's grammar masks, computed off the engine thread
+    masks_for: tuple | None = None  # the round key they were computed for
     queued_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -85,6 +87,7 @@ class Step:
     moved: int = 0
     prompt_tokens_reused: int = 0
     prompt_tokens_evaluated: int = 0
+    masks_awaited: int = 0  # rounds left queued for their grammar's masks
 
     def answer(self, job: Job, result: Any) -> None:
         if isinstance(result, Exception) and not isinstance(result, APIError):
@@ -114,9 +117,46 @@ class PromptTurns:
         return [next(job for job in prompts if job.owner == owner)]
 
 
+class Pending(Protocol):
+    """A result on its way (a `concurrent.futures.Future`, or `Ready`)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+@dataclass
+class Ready:
+    """A result there at once."""
+
+    value: Any = None
+    error: Exception | None = None
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+MaskRunner = Callable[[str, Callable[[], Any]], Pending]
+
+
+def run_inline(owner: str, fn: Callable[[], Any]) -> Pending:
+    """Masks computed at once, on the caller's thread (tests that run the steps by hand)."""
+    try:
+        return Ready(fn())
+    except Exception as exc:
+        return Ready(error=exc)
+
+
 class CycleStep:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, masks: MaskRunner = run_inline):
+        """`masks`: where a round's grammar masks are computed (by owner)."""
         self.engine = engine
+        self.masks = masks
         self.turns = PromptTurns()
         self.prompt_next = False  # the last step decoded rounds while a prompt waited
 
@@ -186,8 +226,10 @@ class CycleStep:
                 continue
             if waits:
                 continue
-            if not (begin_rounds or _is_prompt(job)):
+            ready = _is_prompt(job) or self._masks_ready(job)  # masks start early
+            if not (begin_rounds or _is_prompt(job)) or not ready:
                 busy.add(job.session_id)  # its round waits: so does what comes after it
+                out.masks_awaited += not ready
                 continue
             if job.work is None and not self._begin(job, keep, out):
                 continue
@@ -220,12 +262,43 @@ class CycleStep:
                 out.answer(job, work)
                 return False
             job.work = work
+            if job.masks is not None and job.masks_for == key:
+                work.masks = job.masks.result()  # a grammar that failed: its 400
             return True
         except Exception as exc:
             # Begun, then something failed: its sequence goes back.
             out.answer(job, self.fail(job, exc))
             job.work = None
             return False
+
+    def _masks_ready(self, job: Job) -> bool:
+        """A round of a session with a grammar begins once its masks are computed, off
+        the engine thread (`self.masks`): a slow grammar holds its own session, never the
+        step that answers the others. Masks are computed only for a round that will be
+        decoded (not a replay, nor one its checks refuse: begun, it is answered)."""
+        if job.work is not None or not isinstance(job.request, VerifyRequest):
+            return True
+        try:
+            session = self.engine.session(job.session_id, job.owner)
+            if session.constraint is None or session.work is not None:
+                return True
+            request, key = job.request, job.round_key
+            if job.chunk is not None and job.chunk.steps:
+                request = job.chunk.next_request()
+                key = round_key(request)
+            if session.last_round_key == key and session.last_response is not None:
+                return True
+            self.engine.check_round(session, request)
+        except APIError:
+            return True
+        if job.masks_for != key:
+            constraint, draft = session.constraint, list(request.draft_tokens)
+            budget = self.engine.grammar_row_s
+            job.masks_for = key
+            job.masks = self.masks(
+                job.owner, lambda: grammar_step(lambda: constraint.row_masks(draft, budget))
+            )
+        return job.masks.done()
 
     def _decode(self, jobs: list[Job], out: Step, interleaved: bool = False) -> None:
         if not jobs:

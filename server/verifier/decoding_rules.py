@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server.shared.constraint import Constraint, GrammarError, Grammars
+from server.shared.constraint import Constraint, GrammarError, GrammarLimits, Grammars
 from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest, PromptInput
 from server.verifier.checks import check_generated, check_prompt_len, check_token_ids
 from server.verifier.errors import EmptyPrompt, InvalidGrammar
@@ -33,13 +33,25 @@ def request_prompt_ids(runtime: PromptTokenizer, request: PromptInput, n_ctx: in
     return ids
 
 
-def session_constraint(grammars: Grammars, grammar: Grammar | None) -> Constraint | None:
+def verifier_grammars(runtime, settings) -> Grammars:
+    """The verifier's grammars, with the limits its settings give."""
+    limits = GrammarLimits(
+        compile_s=settings.grammar_compile_s,
+        grammar_bytes=settings.grammar_max_mb * 1_000_000,
+        bytes_per_owner=settings.grammar_cache_mb * 1_000_000,
+    )
+    return Grammars(runtime.grammar_tokenizer, runtime.n_vocab, limits)
+
+
+def session_constraint(
+    grammars: Grammars, grammar: Grammar | None, owner: str = ""
+) -> Constraint | None:
     """The grammar's state for a new session (compiled at its first use, a copy after: the
     service compiles it off the engine thread first). Thread-safe."""
     if grammar is None:
         return None
     try:
-        return grammars.constraint(grammar.kind, grammar.source)
+        return grammars.constraint(grammar.kind, grammar.source, owner)
     except GrammarError as exc:
         raise InvalidGrammar(f"grammar: {exc}") from None
 
@@ -61,11 +73,14 @@ def decoding_rules(
 
 
 def prepared_constraint(
-    grammars: Grammars, request: PrefillRequest | GenerateRequest, prompt_ids: Sequence[int]
+    grammars: Grammars,
+    request: PrefillRequest | GenerateRequest,
+    prompt_ids: Sequence[int],
+    owner: str = "",
 ) -> Constraint | None:
     """The request's grammar state, after the generated tokens its prompt ends with (a
     reopened session's). Thread-safe: the service prepares it in its text pool."""
-    constraint = session_constraint(grammars, request.grammar)
+    constraint = session_constraint(grammars, request.grammar, owner)
     generated = getattr(request, "generated_tokens", 0)  # /generate's: none
     if constraint is not None and 0 < generated < len(prompt_ids):
         try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.shared import vocab
-from server.shared.constraint import Constraint, Grammars
+from server.shared.constraint import Constraint
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
@@ -41,14 +41,9 @@ from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import dense
 from server.verifier import invariance
 from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, Advisor, PassCost
-from server.verifier.checks import (
-    check_draft_probs,
-    check_round,
-    resolve_strategy,
-    round_key,
-)
+from server.verifier.checks import check_verify, resolve_strategy, round_key
 from server.verifier.decoder import PassDecoder, PassRecord
-from server.verifier.decoding_rules import decoding_rules, request_prompt_ids
+from server.verifier.decoding_rules import decoding_rules, request_prompt_ids, verifier_grammars
 from server.verifier.errors import (
     APIError,
     DecodeFailed,
@@ -119,7 +114,8 @@ class Engine:
             prior = self.shapes.pass_cost_rows
         self.pass_cost = PassCost(prior, report.pass_s)
         self.advisor = Advisor(self.pass_cost)
-        self.grammars = Grammars(runtime.grammar_tokenizer, runtime.n_vocab)
+        self.grammars = verifier_grammars(runtime, settings)
+        self.grammar_row_s = settings.grammar_row_ms / 1000.0
         self.sessions = SessionTable(
             self.n_seq,
             runtime.remove,
@@ -148,6 +144,10 @@ class Engine:
 
     def session(self, session_id: str, owner: str | None = None) -> Session:
         return self.sessions.get(session_id, owner)
+
+    # These read the vocabulary only, never a session: safe on any thread (the text pool).
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        return self.runtime.tokenize(text, add_special=add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.runtime.detokenize(tokens)
@@ -197,17 +197,8 @@ class Engine:
             return session.last_response
         if session.work is not None:
             raise SessionBusy(f"session {request.session_id!r} has a round in progress")
-        draft_tokens = list(request.draft_tokens)
-        n_vocab = self.runtime.n_vocab
-        check_round(
-            len(session.tokens),
-            request.n_past,
-            draft_tokens,
-            max_draft=self.max_draft,
-            n_ctx=self.n_ctx,
-            n_vocab=n_vocab,
-        )
-        check_draft_probs(draft_tokens, request.draft_probs, n_vocab)
+        self.check_round(session, request)
+        draft_tokens, n_vocab = list(request.draft_tokens), self.runtime.n_vocab
         draft_probs = None
         if session.strategy == Strategy.rejection and draft_tokens:
             if request.draft_probs is None:
@@ -219,6 +210,10 @@ class Engine:
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
         session.work = work
         return work
+
+    def check_round(self, session: Session, request: VerifyRequest) -> None:
+        """What makes a round the session's next one, and its draft well formed."""
+        check_verify(len(session.tokens), request, self.max_draft, self.n_ctx, self.runtime.n_vocab)
 
     # -- running work -----------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
+from server.shared.request_body import NESTED_TOO_DEEP, nested_too_deep
 from server.shared.strict import did_you_mean, fields_at
 from server.verifier.paths import route_path
 
@@ -206,7 +207,11 @@ def describe_validation(
 ) -> tuple[int, str, str]:
     """(status, type, message) for pydantic's errors, as FastAPI or the fast path found
     them; `model`: the body's model, whose fields an unknown field is compared with."""
-    if any(e.get("type") == "json_invalid" for e in errors):
+    invalid = [e for e in errors if e.get("type") == "json_invalid"]
+    if invalid:
+        # pydantic's own parser (the /verify fast path) stops at a depth of its own.
+        if "recursion limit" in str(invalid[0].get("ctx", {}).get("error", "")):
+            return 400, "malformed_json", NESTED_TOO_DEEP
         return 400, "malformed_json", "the request body is not valid JSON"
     unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
     if unknown:
@@ -233,6 +238,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if nested_too_deep(exc):
+            return error_response(400, "malformed_json", NESTED_TOO_DEEP)
         error_type = {404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )

@@ -39,6 +39,7 @@ class VerifyWork:
     round_key: tuple
     began: float = field(default_factory=time.perf_counter)
     closed: bool = False
+    masks: np.ndarray | None = None  # the grammar's, computed before the round began
 
     @property
     def tokens(self) -> list[int]:

@@ -45,8 +45,12 @@ def finish_round(
             raise NonFiniteNumbers("the model's logits are not finite for this round")
         generated = session.tokens[session.prompt_len :]
         logits = adjusted_rows(logits, session.sampling, generated, work.draft_tokens)
-        if session.constraint is not None:
-            logits = _by_grammar(lambda: session.constraint.mask_rows(logits, work.draft_tokens))
+        constraint = session.constraint
+        if constraint is not None:
+            masks = work.masks
+            if masks is None:  # not computed beforehand (a step run by hand)
+                masks = grammar_step(lambda: constraint.row_masks(work.draft_tokens))
+            logits = constraint.apply_masks(logits, masks)
         target_tokens = [int(t) for t in np.argmax(logits, axis=1)]
         verdict = judge(
             session.strategy,
@@ -104,7 +108,7 @@ def finish_round(
     return response
 
 
-def _by_grammar(step: Callable[[], T]) -> T:
+def grammar_step(step: Callable[[], T]) -> T:
     """A grammar step; a grammar that fails there (a limit it reached) is the client's
     to hear of, as a 400."""
     try:
@@ -118,7 +122,7 @@ def _committed(constraint: Constraint | None, tokens: list[int]) -> Callable[[],
     undoes them."""
     if constraint is None:
         return lambda: None
-    return _by_grammar(lambda: constraint.commit(tokens))
+    return grammar_step(lambda: constraint.commit(tokens))
 
 
 def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:

@@ -33,12 +33,16 @@ from server.verifier.engine import Engine
 from server.verifier.errors import EngineInterrupted, ServerFull
 from server.verifier.gather import Gatherer
 from server.verifier.jobs import Opened
+from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.settings import VerifierSettings
 
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
+# Threads computing grammar masks, each key's one at a time (keyed_pool.py): a key whose
+# grammar is slow holds one, and the engine thread none.
+MASK_WORKERS = 2
 
 
 async def _result(future: Future) -> Any:
@@ -84,7 +88,8 @@ class BatchScheduler:
         self.engine = engine
         self.metrics = metrics
         self.settings = settings
-        self.cycle = CycleStep(engine)
+        self.mask_pool = KeyedPool(MASK_WORKERS, "masks", per_owner=0, nice=GRAMMAR_NICE)
+        self.cycle = CycleStep(engine, masks=self._masks)
         self.admission = QueueShare(settings.max_queue)
         self.gatherer = Gatherer(
             engine.shapes.pass_cost_rows, pinned=bool(engine.shapes.pinned_width)
@@ -93,6 +98,8 @@ class BatchScheduler:
         self._futures: dict[Job, Future] = {}
         self._wake = threading.Condition()
         self._stopping = False
+        self._events = 0  # jobs queued and masks computed: what a stalled step waits for
+        self._stalled_at = -1  # the events a step that could do nothing had seen
         self._last_sweep = time.monotonic()
         self._engine_lock = threading.Lock()  # held while the engine is in use
         self._rounds = RoundsInFlight()
@@ -134,7 +141,7 @@ class BatchScheduler:
         owner: str = "anonymous",
         finishing: bool = False,
     ) -> Any:
-        """Run engine work that needs no decode (delete, detokenize) on the engine thread,
+        """Run engine work that needs no decode (a delete, a session's end) on the engine thread,
         after any work queued before it for `session_id`. Work `finishing` a request that
         was admitted (its last step, freeing what it leaves) is never refused for a full
         queue: refused, it would waste the request's work or hold a sequence until the
@@ -162,14 +169,15 @@ class BatchScheduler:
     def close(self) -> None:
         """Stop, then free the engine: never while a decode is using it."""
         self.stop()
+        self.mask_pool.shutdown()
         with self._engine_lock:
             self.engine.close()
 
-    def run_step(self) -> None:
+    def run_step(self) -> Step:
         """One step, on the caller's thread: the engine thread's, or a test's that runs
         no engine thread."""
         with self._engine_lock:
-            self._step(self._queued())
+            return self._step(self._queued())
 
     def run_idle_work(self) -> int:
         """Idle work, on the caller's thread: one cached prefix evaluated again in tiled
@@ -213,6 +221,7 @@ class BatchScheduler:
                 self.gatherer.arrived((job.owner, job.session_id))
             self._futures[job] = future
             self._queue.append(job)
+            self._events += 1
             self.metrics.queue_depth.set(len(self._queue))
             self._wake.notify()
         return future
@@ -231,6 +240,9 @@ class BatchScheduler:
         while True:
             idle = False
             with self._wake:
+                if self._stalled_at == self._events and not self._stopping:
+                    self._wake.wait(timeout=SWEEP_INTERVAL_S)  # rounds wait for their masks
+                events = self._events
                 if not self._queue and not self._stopping:
                     # Idle work waits a while after the last step: a session's next round
                     # comes sooner, a client's next prompt later.
@@ -245,7 +257,9 @@ class BatchScheduler:
             if idle:
                 idle_work = self.run_idle_work() > 0
             else:
-                self.run_step()
+                step = self.run_step()
+                stalled = step.masks_awaited and not step.answers and not step.passes
+                self._stalled_at = events if stalled else -1
                 idle_work = True
             if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
                 self._last_sweep = time.monotonic()
@@ -275,7 +289,7 @@ class BatchScheduler:
         with self._wake:
             return list(self._queue)
 
-    def _step(self, jobs: list[Job]) -> None:
+    def _step(self, jobs: list[Job]) -> Step:
         step = self.cycle.step(jobs)
         try:
             self._record(step)
@@ -283,6 +297,18 @@ class BatchScheduler:
             log.exception("could not record a step")
         for job, result in step.answers:
             self._answer(job, result)
+        return step
+
+    def _masks(self, owner: str, fn: Callable[[], Any]) -> Future:
+        """A round's masks computed in the mask pool; the engine thread woken when done."""
+        future = self.mask_pool.submit(owner, fn)
+        future.add_done_callback(self._mask_done)
+        return future
+
+    def _mask_done(self, _: Future) -> None:
+        with self._wake:
+            self._events += 1
+            self._wake.notify()
 
     def _record(self, step: Step) -> None:
         """What the step tells the gatherer and the metrics, before any answer goes out:

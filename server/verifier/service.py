@@ -1,8 +1,14 @@
 """What the routes call: one interface over the scheduler and the engine.
 
-Routes parse and check HTTP; this says what each request does to the sessions. Engine
-work that needs no decode (a delete, a detokenize) still runs in the scheduler's queue,
-behind the session's earlier work.
+Routes parse HTTP and call only this; this says what each request does to the sessions.
+Where each part runs:
+- the event loop: checks, and waiting;
+- the engine thread (through the scheduler's queue, behind the session's earlier work):
+  everything that reads or changes sessions, decodes included, and a session's end;
+- the text pool: `Engine.tokenize` and `Engine.detokenize`, which read the vocabulary
+  only (tests/unit/test_service_boundary.py holds this);
+- the grammar thread: compiling a grammar into a new session's state (`Grammars` is
+  thread-safe; the state is no session's until the prefill that carries it begins).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
@@ -31,6 +37,7 @@ from server.verifier.decoding_rules import prepared_constraint
 from server.verifier.engine import Engine, engine_info
 from server.verifier.errors import PromptTooLong, ServerFull
 from server.verifier.jobs import Opened
+from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.scheduler import BatchScheduler
 from server.verifier.vocab_file import vocab_only_gguf
 
@@ -41,6 +48,9 @@ TEXT_WORKERS = 2
 # Prompt texts one key may have in the text pool (waiting or being tokenized): another
 # key's text never waits behind more than this many of a flooding key's.
 TEXTS_PER_KEY = 2 * TEXT_WORKERS
+# Grammars are compiled apart from texts, one at a time (a grammar's memory is measured
+# as the process's), keys in turn (keyed_pool.py), this many a key waiting or compiling.
+GRAMMARS_PER_KEY = 2
 
 
 class VerifierService:
@@ -51,10 +61,12 @@ class VerifierService:
         self._vocab_file_lock = asyncio.Lock()
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
+        self._grammar_pool = KeyedPool(1, "grammars", per_owner=GRAMMARS_PER_KEY, nice=GRAMMAR_NICE)
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
         self._text_pool.shutdown(wait=True, cancel_futures=True)
+        self._grammar_pool.shutdown()
         self.scheduler.close()
 
     async def _in_text_pool(self, fn: Callable, *args, **kwargs):
@@ -63,48 +75,52 @@ class VerifierService:
         )
 
     async def _prepared(self, request: P, owner: str) -> tuple[P, Constraint | None]:
-        """The request with its prompt text tokenized, and its grammar compiled (the
-        session's state), in the text pool: the engine thread only ever sees token ids and
-        compiled grammars. A text that cannot fit is refused untokenized; work past the
-        key's TEXTS_PER_KEY is refused too (503, to retry)."""
-        if request.prompt is not None and len(request.prompt) > self.engine.max_prompt_chars:
+        """The request with its prompt text tokenized (in the text pool, TEXTS_PER_KEY a
+        key) and its grammar compiled, the session's state (in the grammar pool: one at a
+        time, keys in turn, GRAMMARS_PER_KEY a key): the engine thread only ever sees token
+        ids and compiled grammars. A text that cannot fit is refused untokenized; work past
+        a key's share is refused (503, to retry)."""
+        if request.prompt is not None:
+            request = await self._tokenized(request, owner)
+        if request.grammar is None:
+            return request, None
+        grammars, prompt_ids = self.engine.grammars, request.prompt_tokens
+        compiled = self._grammar_pool.submit(
+            owner, lambda: prepared_constraint(grammars, request, prompt_ids, owner)
+        )
+        return request, await asyncio.wrap_future(compiled)
+
+    async def _tokenized(self, request: P, owner: str) -> P:
+        if len(request.prompt) > self.engine.max_prompt_chars:
             raise PromptTooLong(
                 f"the prompt has {len(request.prompt)} characters; no text over "
                 f"{self.engine.max_prompt_chars} fits a session's {self.engine.n_ctx} tokens "
                 "(VERIFIER_MAX_PROMPT_CHARS)"
             )
-        if request.prompt is None and request.grammar is None:
-            return request, None
         if self._texts_by_key[owner] >= TEXTS_PER_KEY:
-            raise ServerFull(
-                f"this key has {TEXTS_PER_KEY} prompts or grammars being prepared; retry shortly"
-            )
+            raise ServerFull(f"this key has {TEXTS_PER_KEY} prompts being tokenized; retry shortly")
         self._texts_by_key[owner] += 1
         try:
-            constraint = None
-            if request.prompt is not None:
-                tokenize = self.engine.runtime.tokenize
-                ids = await self._in_text_pool(
-                    tokenize, request.prompt, add_special=request.add_bos
-                )
-                update = {"prompt": None, "prompt_tokens": ids, "add_bos": False}
-                request = request.model_copy(update=update)
-            if request.grammar is not None:
-                constraint = await self._in_text_pool(
-                    prepared_constraint, self.engine.grammars, request, request.prompt_tokens
-                )
+            ids = await self._in_text_pool(self.engine.tokenize, request.prompt, request.add_bos)
         finally:
             self._texts_by_key[owner] -= 1
             if not self._texts_by_key[owner]:
                 del self._texts_by_key[owner]
-        return request, constraint
+        return request.model_copy(update={"prompt": None, "prompt_tokens": ids, "add_bos": False})
 
     async def prefill(
-        self, request: PrefillRequest, owner: str, gone: ClientGone | None = None
+        self,
+        request: PrefillRequest,
+        owner: str,
+        gone: ClientGone | None = None,
+        routing: Sequence[str] = (),
     ) -> PrefillResponse:
-        """Open a session. If the client went away meanwhile, nobody will read the answer:
-        the session it opened is ended at once rather than hold its sequence until the
-        idle TTL (a client that chose the id and retries finds it free)."""
+        """Open a session (`routing`: the request's X-Session-Id headers, which name the
+        id it asks for, if any). If the client went away meanwhile, nobody will read the
+        answer: the session it opened is ended at once rather than hold its sequence until
+        the idle TTL (a client that chose the id and retries finds it free)."""
+        session_id = session_id_named(routing_header(list(routing)), request.session_id)
+        request = request.model_copy(update={"session_id": session_id})
         request, constraint = await self._prepared(request, owner)
         opened = await self.scheduler.prefill(request, owner, constraint)
         if gone is not None and await gone():
@@ -119,7 +135,8 @@ class VerifierService:
         session_id_named(routing_header(list(routing)), request.session_id)
         return await self.scheduler.verify(request, owner)
 
-    async def delete(self, session_id: str, owner: str) -> None:
+    async def delete(self, session_id: str, owner: str, routing: Sequence[str] = ()) -> None:
+        session_id_named(routing_header(list(routing)), session_id)
         sessions = self.engine.sessions
         await self.scheduler.call(lambda: sessions.delete(session_id, owner), session_id, owner)
 
@@ -183,6 +200,15 @@ class VerifierService:
 
     def info(self) -> InfoResponse:
         return engine_info(self.engine)
+
+    def vocab_etag(self) -> str:
+        return f'"{self.engine.vocab.hash}"'
+
+    def vocab_file_name(self) -> str:
+        return f"{self.engine.runtime.model_path.stem}.vocab.gguf"
+
+    def session_count(self) -> int:
+        return self.engine.session_count
 
     async def vocab_file(self) -> bytes:
         """GET /vocab's file, written once on first demand, off the event loop."""

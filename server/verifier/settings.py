@@ -126,6 +126,27 @@ class VerifierSettings(BaseSettings):
         description="longest prompt text accepted, in characters (longer: 413 before it is "
         "tokenized); 0 = n_ctx times the vocabulary's longest token, the most that can fit",
     )
+    grammar_row_ms: float = Field(
+        200.0,
+        ge=0,
+        description="longest a grammar may take for one token's mask; a session's grammar "
+        "that takes longer ends its generation with 400 (0 = no limit)",
+    )
+    grammar_compile_s: float = Field(
+        10.0,
+        ge=0,
+        description="longest a grammar may take to compile (with its first mask); longer is "
+        "refused with 400, and so is the same grammar again (0 = no limit)",
+    )
+    grammar_max_mb: int = Field(
+        64, ge=0, description="most memory one compiled grammar may take, in MB (0 = no limit)"
+    )
+    grammar_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="memory an API key's compiled grammars may hold for its next sessions, "
+        "in MB; past it the key's own oldest go (0 = no limit)",
+    )
     max_generate_tokens: int = Field(
         2048, ge=1, description="upper bound on max_tokens for /generate"
     )

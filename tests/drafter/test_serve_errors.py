@@ -194,3 +194,29 @@ def test_a_constraint_too_large_is_a_400_naming_its_field(api):
     assert assert_openai_error(response, 400, "response_format")["param"] == "response_format"
     response = api.post("/v1/completions", json={**COMPLETION, "grammar": "x" * 70_000})
     assert assert_openai_error(response, 400, "grammar")["param"] == "grammar"
+
+
+def test_a_replayed_tool_calls_arguments_nested_too_deep_are_a_400_naming_them(api):
+    """Read again for the chat template, such arguments would run json's recursion out;
+    brackets inside their strings do not count."""
+    messages = [{"role": "user", "content": "hi"}]
+
+    def replayed(arguments: str) -> dict:
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"model": "any", "messages": [*messages, turn]}
+
+    deep = api.post("/v1/chat/completions", json=replayed("[" * 1000 + "]" * 1000))
+    error = assert_openai_error(deep, 400, "messages.1.tool_calls.0.function.arguments")
+    assert "nested deeper than" in error["message"]
+    quoted = json.dumps({"text": "[" * 1000})
+    assert api.post("/v1/chat/completions", json=replayed(quoted)).status_code == 503
+
+
+def test_a_body_nested_too_deep_to_read_is_invalid_json_saying_so(api):
+    deep = b'{"model": "any", "prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    response = api.post(
+        "/v1/completions", content=deep, headers={"content-type": "application/json"}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["code"] == "invalid_json" and "nested too deep" in error["message"]

@@ -177,3 +177,35 @@ def test_a_session_opened_again_goes_on_under_its_grammar_and_penalties(live_ver
                 break
         client.delete_session(session.session_id)
     assert rest == whole[cut:]
+
+
+def test_tools_defs_of_one_name_stay_apart_in_the_grammar_of_calls(vocab):
+    """Two tools' parameters (pydantic's schemas of nested models), each with a `$defs`
+    entry `City` of its own shape: the grammar of a call to either takes each tool's
+    City where that tool's arguments have one, and never the other's."""
+    from drafter.serve.protocol import ChatCompletionRequest
+    from drafter.serve.tools import CLOSE, OPEN, tool_grammar
+    from tests.fixtures.tool_models import FIND_CITY, PLAN_TRIP
+
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "Where to?"}],
+        tools=[PLAN_TRIP, FIND_CITY],
+        tool_choice="required",
+    )
+    grammar = tool_grammar(request)
+    grammars = Grammars(vocab.grammar_tokenizer, vocab.n_vocab)
+
+    def allowed(name: str, arguments: dict) -> bool:
+        call = json.dumps({"name": name, "arguments": arguments})
+        tokens = vocab.tokenize(f"{OPEN}{call}{CLOSE}", add_special=False)
+        try:
+            grammars.constraint(grammar.kind, grammar.source).commit(tokens)
+        except GrammarError:
+            return False
+        return True
+
+    rome = {"name": "Rome", "country": "Italy"}
+    assert allowed("plan_trip", {"city": rome, "nights": 3})
+    assert allowed("find_city", {"city": {"code": "ROM"}})
+    assert not allowed("plan_trip", {"city": {"code": "ROM"}, "nights": 3})
+    assert not allowed("find_city", {"city": rome})

@@ -564,6 +564,31 @@ def test_a_forced_tool_call_parses_and_validates_whole_or_streamed(local_api):
         assert after.message.content or after.message.tool_calls
 
 
+def test_tools_whose_parameters_hold_defs_are_called_as_their_models_say(local_api):
+    """Parameters as pydantic writes them for nested models (refs into `$defs`), two
+    tools with a `$defs` entry of one name: each forced call, and a call to either,
+    validates against its own tool's model."""
+    from tests.fixtures.tool_models import FIND_CITY, MODELS, PLAN_TRIP
+
+    client = local_api.client()
+    messages = [{"role": "user", "content": "Plan three nights in Rome."}]
+    forced = [{"type": "function", "function": {"name": name}} for name in MODELS]
+    for choice in (*forced, "required"):
+        result = client.chat.completions.create(
+            model="any",
+            messages=messages,
+            tools=[PLAN_TRIP, FIND_CITY],
+            tool_choice=choice,
+            max_tokens=80,
+            temperature=0,
+        ).choices[0]
+        assert result.finish_reason == "tool_calls", result
+        (call,) = result.message.tool_calls
+        if choice != "required":
+            assert call.function.name == choice["function"]["name"]
+        MODELS[call.function.name].model_validate_json(call.function.arguments)
+
+
 def test_auto_tool_choice_answers_in_words_or_with_a_valid_call(local_api):
     result = (
         local_api.client()

@@ -234,3 +234,21 @@ def test_a_prompt_text_that_cannot_fit_is_refused_before_it_is_tokenized(client,
     ((length, thread),) = seen
     assert length == len(PROMPT) and thread.startswith("text")
     client.delete(f"/sessions/{opened.json()['session_id']}")
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_body_nested_too_deep_to_read_is_malformed_json(verifier_model, fast_path):
+    """Deeper than any JSON reader here recurses (pydantic's on the /verify fast path,
+    json's under FastAPI's routes): 400 malformed_json saying so, and the verifier goes on."""
+    from tests.server.conftest import verifier_client
+    from tests.server.test_api import assert_error
+
+    deep = b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    json_type = {"content-type": "application/json"}
+    with verifier_client(verifier_model, verify_fast_path=fast_path) as client:
+        for path in ("/verify", "/prefill", "/generate"):
+            response = client.post(path, content=deep, headers=json_type)
+            error = assert_error(response, 400, "malformed_json")
+            assert "nested too deep" in error["message"], path
+        opened = client.post("/prefill", json={"prompt": PROMPT})
+        assert opened.status_code == 200, opened.text

@@ -21,7 +21,10 @@ class Recorded:
         self.state: list[int] = []
         self.refuse = refuse
 
-    def mask_rows(self, logits, draft_tokens):
+    def row_masks(self, draft_tokens, row_budget_s=0.0):
+        return None
+
+    def apply_masks(self, logits, masks):
         return logits
 
     def commit(self, tokens):

@@ -37,21 +37,19 @@ async def vocab(request: Request, service: ServiceDep) -> Response:
     """The verifier's vocabulary as a GGUF file without tensors (llama.cpp loads it with
     `vocab_only`): tokenizer, chat template, special tokens. Its ETag is the vocabulary
     hash of /info, so a drafter keeps one copy per vocabulary."""
-    engine = service.engine
-    etag = f'"{engine.vocab.hash}"'
+    etag = service.vocab_etag()
     headers = {"ETag": etag, "Cache-Control": "private, max-age=0, must-revalidate"}
     if none_match(request.headers.getlist("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
     body = await service.vocab_file()
-    stem = engine.runtime.model_path.stem
-    headers["Content-Disposition"] = f'attachment; filename="{stem}.vocab.gguf"'
+    headers["Content-Disposition"] = f'attachment; filename="{service.vocab_file_name()}"'
     return Response(body, media_type="application/octet-stream", headers=headers)
 
 
 @router.get("/metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
     if state.service is not None:
-        state.metrics.active_sessions.set(state.service.engine.session_count)
+        state.metrics.active_sessions.set(state.service.session_count())
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

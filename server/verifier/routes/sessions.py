@@ -9,7 +9,6 @@ from server.shared.protocol import (
     VerifyRequest,
     VerifyResponse,
 )
-from server.verifier.checks import routing_header, session_id_named
 from server.verifier.routes import model_json
 from server.verifier.state import ServiceDep, key_id
 
@@ -18,10 +17,8 @@ router = APIRouter(tags=["sessions"])
 
 @router.post("/prefill", response_model=PrefillResponse)
 async def prefill(request: PrefillRequest, service: ServiceDep, http: Request) -> Response:
-    header = routing_header(http.headers.getlist(SESSION_ID_HEADER))
-    session_id = session_id_named(header, request.session_id)
-    request = request.model_copy(update={"session_id": session_id})
-    return model_json(await service.prefill(request, key_id(http), http.is_disconnected))
+    routing = http.headers.getlist(SESSION_ID_HEADER)
+    return model_json(await service.prefill(request, key_id(http), http.is_disconnected, routing))
 
 
 @router.post("/verify", response_model=VerifyResponse)
@@ -35,5 +32,4 @@ async def verify(request: VerifyRequest, service: ServiceDep, http: Request) -> 
 
 @router.delete("/sessions/{session_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_session(session_id: str, service: ServiceDep, http: Request) -> None:
-    session_id_named(routing_header(http.headers.getlist(SESSION_ID_HEADER)), session_id)
-    await service.delete(session_id, key_id(http))
+    await service.delete(session_id, key_id(http), http.headers.getlist(SESSION_ID_HEADER))

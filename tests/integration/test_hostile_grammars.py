@@ -1,0 +1,212 @@
+"""Grammars on a shared verifier (docs/deployment.md, "Grammars"): a key's constraint
+costs that key. With the real vocabulary: a round's masks computed
+row by row are the states' own masks; a grammar slower than its row budget is failed
+for good; compile limits refuse a grammar and remember it; one key's compiled grammars
+never evict another's. Through a real verifier with two keys: mallory's ambiguous
+grammar (rounds of 16 drafts) and nested counted repetition beside alice, whose rounds
+are all answered and token for token what she gets alone, with and without a grammar."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from server.shared import constraint as constraint_module
+from server.shared.constraint import GrammarError, GrammarLimits, Grammars, GrammarTooSlow
+from server.shared.runtime import LlamaVocab
+from tests.conftest import start_verifier
+from tests.integration.test_grammar import PERSON, PROMPT
+
+pytestmark = pytest.mark.integration
+
+AMBIGUOUS = 'start: x\nx: x x | x x x | "a" | "b" | " "'
+NESTED = "((a{1000}){1000}){1000}"  # a lexer of about 190 MB, seconds to build
+ALICE, MALLORY = "alice-key-0123456789", "mallory-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def vocab(verifier_model) -> LlamaVocab:
+    return LlamaVocab(verifier_model, vocab_only=True)
+
+
+def grammars(vocab, **limits) -> Grammars:
+    return Grammars(vocab.grammar_tokenizer, vocab.n_vocab, GrammarLimits(**limits))
+
+
+def test_masks_row_by_row_are_the_states_own_after_each_draft_token(vocab):
+    constraint = grammars(vocab).constraint("json_schema", PERSON)
+    draft = vocab.tokenize('{"name": "Ann", "age": 42, "city"', add_special=False)
+    bad = vocab.tokenize("}", add_special=False)  # forbidden after '{"name"'
+    for tokens in (draft, [*draft[:3], *bad, *draft[3:6]]):
+        rows = constraint.row_masks(tokens)
+        undo = []
+        for i, token in enumerate(tokens):
+            assert np.array_equal(rows[i], constraint.row_masks([])[0]), i
+            if not rows[i].view(np.uint8)[token // 8] >> (token % 8) & 1:
+                assert (rows[i + 1 :] == -1).all()  # after a forbidden token: never read
+                break
+            undo.append(constraint.commit([token]))
+        for step in reversed(undo):
+            step()
+    assert np.array_equal(constraint.row_masks([]), grammars(vocab).constraint(
+        "json_schema", PERSON).row_masks([]))  # fmt: skip
+
+
+def test_a_row_over_its_budget_fails_the_grammar_for_good(vocab):
+    constraint = grammars(vocab).constraint("lark", AMBIGUOUS)
+    with pytest.raises(GrammarTooSlow, match="VERIFIER_GRAMMAR_ROW_MS"):
+        constraint.row_masks([], row_budget_s=1e-9)
+    with pytest.raises(GrammarError, match="VERIFIER_GRAMMAR_ROW_MS"):
+        constraint.row_masks([])  # no budget now: failed all the same
+
+
+def counting_compiles(monkeypatch) -> list[str]:
+    compiled: list[str] = []
+    real = constraint_module.compile_grammar
+
+    def compile_grammar(kind, source):
+        compiled.append(str(source))
+        return real(kind, source)
+
+    monkeypatch.setattr(constraint_module, "compile_grammar", compile_grammar)
+    return compiled
+
+
+def test_compile_limits_refuse_a_grammar_and_remember_it(vocab, monkeypatch):
+    compiled = counting_compiles(monkeypatch)
+    slow = grammars(vocab, compile_s=1e-9)
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="VERIFIER_GRAMMAR_COMPILE_S"):
+            slow.constraint("regex", "(ab)+", owner="mallory")
+    assert compiled == ["(ab)+"]  # the second refused without compiling
+    big = grammars(vocab, grammar_bytes=64_000_000)
+    with pytest.raises(GrammarError, match="VERIFIER_GRAMMAR_MAX_MB"):
+        big.constraint("regex", NESTED, owner="mallory")
+    assert big.held_bytes("mallory") == 0
+
+
+def test_a_keys_grammars_never_evict_anothers(vocab, monkeypatch):
+    compiled = counting_compiles(monkeypatch)
+    shelf = grammars(vocab, kept_per_owner=2)
+    shelf.constraint("regex", "alice+", owner="alice")
+    for n in range(4):
+        shelf.constraint("regex", f"m{n}+", owner="mallory")
+    shelf.constraint("regex", "alice+", owner="alice")  # kept: no compile
+    shelf.constraint("regex", "m3+", owner="mallory")  # among her two newest: kept
+    shelf.constraint("regex", "m0+", owner="mallory")  # her oldest went: compiled again
+    shelf.constraint("regex", "alice+", owner="mallory")  # alice's is not hers
+    assert compiled == ["alice+", "m0+", "m1+", "m2+", "m3+", "m0+", "alice+"]
+
+
+def prefill(client: httpx.Client, key: str, grammar: dict | None, prompt: str = PROMPT):
+    body = {"prompt": prompt, **({"grammar": grammar} if grammar else {})}
+    return client.post("/prefill", json=body, headers=auth(key))
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"X-API-Key": key} if key else {}
+
+
+def rounds(client, key, session_id, n_past, tokens: int, draft: list[int] = ()) -> tuple:
+    """Rounds until `tokens` are committed: (every status, the tokens)."""
+    statuses, got = [], []
+    while len(got) < tokens:
+        body = {"session_id": session_id, "n_past": n_past, "draft_tokens": list(draft)}
+        answer = client.post("/verify", json=body, headers=auth(key))
+        statuses.append(answer.status_code)
+        if answer.status_code != 200:
+            break
+        got += answer.json()["tokens"]
+        n_past = answer.json()["total_tokens"]
+        if answer.json()["eos"]:
+            break
+    return statuses, got
+
+
+@pytest.fixture(scope="module")
+def two_keys(verifier_model):
+    verifier = start_verifier(
+        verifier_model, api_keys=f"{ALICE},{MALLORY}", max_sessions=6, max_draft=16
+    )
+    yield verifier
+    verifier.stop()
+
+
+def test_mallorys_grammars_cost_mallory_and_alice_is_answered_exactly(two_keys, vocab):
+    client = httpx.Client(base_url=two_keys.url, timeout=300)
+    json_grammar = {"kind": "json_schema", "source": PERSON}
+
+    def generate(grammar=None) -> list[int]:
+        body = {"prompt": PROMPT, "max_tokens": 24, **({"grammar": grammar} if grammar else {})}
+        answer = client.post("/generate", json=body, headers={"X-API-Key": ALICE})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["tokens"]
+
+    alone = {"plain": generate(), "json": generate(json_grammar)}
+    a, b = (vocab.tokenize(c, add_special=False)[0] for c in "ab")
+    mallory_statuses: list[int] = []
+    alice_done = threading.Event()
+
+    def mallory() -> None:
+        with httpx.Client(base_url=two_keys.url, timeout=300) as own:
+            big = prefill(own, MALLORY, {"kind": "regex", "source": NESTED})
+            mallory_statuses.append(big.status_code)
+            assert big.status_code == 400 and "VERIFIER_GRAMMAR_MAX_MB" in big.text
+            while not alice_done.is_set():
+                opened = prefill(own, MALLORY, {"kind": "lark", "source": AMBIGUOUS}, "x")
+                mallory_statuses.append(opened.status_code)
+                if opened.status_code != 200:
+                    continue
+                session = opened.json()
+                statuses, _ = rounds(
+                    own, MALLORY, session["session_id"], session["total_tokens"], 48,
+                    [a, b] * 8,
+                )  # fmt: skip
+                mallory_statuses.extend(statuses)
+                own.delete(f"/sessions/{session['session_id']}", headers={"X-API-Key": MALLORY})
+
+    attackers = [threading.Thread(target=mallory) for _ in range(2)]
+    for thread in attackers:
+        thread.start()
+    try:
+        results = {}
+        for name, grammar in (("plain", None), ("json", json_grammar)):
+            opened = prefill(client, ALICE, grammar)
+            assert opened.status_code == 200, opened.text
+            session = opened.json()
+            statuses, got = rounds(
+                client, ALICE, session["session_id"], session["total_tokens"], 24
+            )
+            assert set(statuses) == {200}
+            results[name] = got[:24]
+    finally:
+        alice_done.set()
+        for thread in attackers:
+            thread.join(timeout=600)
+    assert results == alone
+    assert mallory_statuses and set(mallory_statuses) <= {200, 400, 503}
+
+
+def test_a_grammar_over_its_row_budget_ends_that_sessions_generation(verifier_model):
+    verifier = start_verifier(verifier_model, grammar_row_ms=0.001, max_sessions=2)
+    try:
+        with httpx.Client(base_url=verifier.url, timeout=300) as client:
+            opened = prefill(client, "", {"kind": "json_schema", "source": PERSON})
+            assert opened.status_code == 200, opened.text
+            session = opened.json()
+            for _ in range(2):  # refused, and again at once: the grammar failed for good
+                statuses, _ = rounds(client, "", session["session_id"], session["total_tokens"], 4)
+                assert statuses == [400]
+            body = {"session_id": session["session_id"], "n_past": session["total_tokens"]}
+            answer = client.post("/verify", json=body)
+            assert "VERIFIER_GRAMMAR_ROW_MS" in answer.json()["error"]["message"]
+            plain = prefill(client, "", None)  # a session without a grammar: untouched
+            statuses, got = rounds(
+                client, "", plain.json()["session_id"], plain.json()["total_tokens"], 4
+            )
+            assert set(statuses) == {200} and len(got) >= 4
+    finally:
+        verifier.stop()
