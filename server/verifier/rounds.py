@@ -122,7 +122,7 @@ def _committed(constraint: Constraint | None, tokens: list[int]) -> Callable[[],
     undoes them."""
     if constraint is None:
         return lambda: None
-    return grammar_step(lambda: constraint.commit(tokens))
+    return constraint.defer(tokens)
 
 
 def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
