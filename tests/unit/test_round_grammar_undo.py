@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from server.shared.protocol import SamplingParams, Strategy
+from server.shared.sampling import PositionDraws
 from server.verifier.errors import InvalidGrammar
 from server.verifier.jobs import VerifyWork
 from server.verifier.rounds import finish_round
@@ -42,7 +43,7 @@ def a_round(grammar) -> tuple[Session, VerifyWork, list]:
         sampling=SamplingParams(),
         strategy=Strategy.greedy,
         threshold=None,
-        rng=np.random.default_rng(0),
+        draws=PositionDraws(0),
         constraint=grammar,
     )
     work = VerifyWork(session, [5, 6], None, start=2, round_key=("k",))
