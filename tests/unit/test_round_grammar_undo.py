@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from server.shared.protocol import SamplingParams, Strategy
+from server.shared.sampling import PositionDraws
 from server.verifier.jobs import VerifyWork
 from server.verifier.rounds import finish_round
 from server.verifier.sessions import Session
@@ -40,7 +41,7 @@ def a_round(grammar) -> tuple[Session, VerifyWork, list]:
         sampling=SamplingParams(),
         strategy=Strategy.greedy,
         threshold=None,
-        rng=np.random.default_rng(0),
+        draws=PositionDraws(0),
         constraint=grammar,
     )
     work = VerifyWork(session, [5, 6], None, start=2, round_key=("k",))
