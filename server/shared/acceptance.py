@@ -58,8 +58,12 @@ def accept_greedy(
 
 # -- sampling strategies ------------------------------------------------------------------
 # `target_probs` holds k+1 rows: the target's distribution p after the pending token and
-# after each draft token, already tempered and cut (server/shared/sampling.py). Each function
-# draws its uniforms from `rng` in a fixed order, so a seeded session is reproducible.
+# after each draft token, already tempered and cut (server/shared/sampling.py). What is
+# decided at row i is decided with uniforms from `draws(i)` (the stream of that row's
+# position: sampling.PositionDraws), in a fixed order: a draft token's acceptance test,
+# then the draw of a token. No uniform decides two rows, and the draft a row judges was
+# made without it: every decision's uniforms are fresh, so the rules stay exact.
+Draws = Callable[[int], np.random.Generator]
 
 
 def residual_distribution(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
@@ -83,7 +87,7 @@ def accept_rejection(
     draft_tokens: Sequence[int],
     draft_probs: Sequence[np.ndarray],
     target_probs: np.ndarray,
-    rng: np.random.Generator,
+    draws: Draws,
     is_eog: Callable[[int], bool],
 ) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
@@ -95,27 +99,28 @@ def accept_rejection(
     """
     for i, token in enumerate(draft_tokens):
         accept = acceptance_probability(target_probs[i][token], draft_probs[i][token])
-        if rng.random() < accept:
+        stream = draws(i)
+        if stream.random() < accept:
             if is_eog(token):
                 return Verdict(i, [*draft_tokens[:i], token], True)
             continue
-        recovered = sample(residual_distribution(target_probs[i], draft_probs[i]), rng)
+        recovered = sample(residual_distribution(target_probs[i], draft_probs[i]), stream)
         return Verdict(i, [*draft_tokens[:i], recovered], is_eog(recovered))
-    bonus = sample(target_probs[len(draft_tokens)], rng)
+    bonus = sample(target_probs[len(draft_tokens)], draws(len(draft_tokens)))
     return Verdict(len(draft_tokens), [*draft_tokens, bonus], is_eog(bonus))
 
 
 def accept_match(
     draft_tokens: Sequence[int],
     target_probs: np.ndarray,
-    rng: np.random.Generator,
+    draws: Draws,
     is_eog: Callable[[int], bool],
 ) -> Verdict:
     """Sample-and-match: the target samples its own token at each position and the draft
     is accepted while it equals that sample. Every committed token is the target's own
     draw, so the output follows p with no probabilities on the wire."""
     for i in range(len(draft_tokens) + 1):
-        token = sample(target_probs[i], rng)
+        token = sample(target_probs[i], draws(i))
         if i < len(draft_tokens) and token == draft_tokens[i] and not is_eog(token):
             continue
         return Verdict(i, [*draft_tokens[:i], token], is_eog(token))
@@ -126,7 +131,7 @@ def accept_threshold(
     draft_tokens: Sequence[int],
     target_probs: np.ndarray,
     threshold: float,
-    rng: np.random.Generator,
+    draws: Draws,
     is_eog: Callable[[int], bool],
 ) -> Verdict:
     """LOSSY: accept a draft token when the target gives it p(x) >= threshold; otherwise
@@ -136,9 +141,9 @@ def accept_threshold(
             if is_eog(token):
                 return Verdict(i, [*draft_tokens[:i], token], True)
             continue
-        recovered = sample(target_probs[i], rng)
+        recovered = sample(target_probs[i], draws(i))
         return Verdict(i, [*draft_tokens[:i], recovered], is_eog(recovered))
-    bonus = sample(target_probs[len(draft_tokens)], rng)
+    bonus = sample(target_probs[len(draft_tokens)], draws(len(draft_tokens)))
     return Verdict(len(draft_tokens), [*draft_tokens, bonus], is_eog(bonus))
 
 
@@ -150,18 +155,18 @@ def judge(
     target_tokens: Sequence[int],
     sampling: SamplingParams,
     threshold: float | None,
-    rng: np.random.Generator,
+    draws: Draws,
     is_eog: Callable[[int], bool],
 ) -> Verdict:
     """A round's verdict under the session's strategy, from the target's k+1 logits rows
-    (`target_tokens` is their argmax)."""
+    (`target_tokens` is their argmax); `draws(i)`: the random stream of row i's position."""
     if strategy == "greedy":
         return accept_greedy(draft_tokens, target_tokens, is_eog)
     target_probs = np.stack([probabilities(row, sampling) for row in logits])
     if strategy == "rejection":
         if not draft_tokens:
-            return accept_match([], target_probs, rng, is_eog)
-        return accept_rejection(draft_tokens, draft_probs, target_probs, rng, is_eog)
+            return accept_match([], target_probs, draws, is_eog)
+        return accept_rejection(draft_tokens, draft_probs, target_probs, draws, is_eog)
     if strategy == "match":
-        return accept_match(draft_tokens, target_probs, rng, is_eog)
-    return accept_threshold(draft_tokens, target_probs, threshold, rng, is_eog)
+        return accept_match(draft_tokens, target_probs, draws, is_eog)
+    return accept_threshold(draft_tokens, target_probs, threshold, draws, is_eog)

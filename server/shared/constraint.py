@@ -84,6 +84,7 @@ class Constraint:
         self.n_vocab = n_vocab
         self._ends = ends  # the tokens that end the text where the grammar may end
         self.failure: str | None = None  # why the grammar was failed for good
+        self._deferred: list[int] = []  # committed by rounds, consumed by the next masks
 
     def row_masks(self, draft_tokens: Sequence[int], row_budget_s: float = 0.0) -> np.ndarray:
         """The allowed tokens of a round's rows (llguidance's bitmask, a row for the
@@ -93,6 +94,7 @@ class Constraint:
         for good: `GrammarTooSlow`. The state is as it was after."""
         if self.failure is not None:
             raise GrammarError(self.failure)
+        self._take_deferred(row_budget_s)
         rows = len(draft_tokens) + 1
         bitmask = np.full((rows, (self.n_vocab + 31) // 32), -1, dtype=np.int32)
         matcher, consumed = self._matcher, 0
@@ -136,6 +138,33 @@ class Constraint:
         reason = matcher.stop_reason()
         if reason not in STOPPED_WELL:
             raise GrammarError(f"the grammar stopped: {reason}")
+
+    def defer(self, tokens: Sequence[int]) -> Callable[[], None]:
+        """The round's committed tokens, for the next masks to consume (where they are
+        computed, off the engine thread: consuming a token costs an ambiguous grammar as
+        much as a mask); returns what undoes it. The masks allowed them, so they are
+        taken; a grammar that refuses them there is failed."""
+        self._deferred.extend(tokens)
+        n = len(tokens)
+        return lambda: self._deferred.__delitem__(slice(len(self._deferred) - n, None))
+
+    def _take_deferred(self, budget_s: float) -> None:
+        if not self._deferred:
+            return
+        tokens, self._deferred = self._deferred, []
+        began = time.perf_counter()
+        try:
+            self.commit(tokens)
+        except GrammarError as exc:
+            self.failure = f"the grammar refused its committed tokens: {exc}"
+            raise GrammarError(self.failure) from None
+        spent = time.perf_counter() - began
+        if budget_s and spent > budget_s * max(1, len(tokens)):
+            self.failure = (
+                f"the grammar took {spent * 1000:.0f} ms to take {len(tokens)} tokens, over "
+                f"the limit of {budget_s * 1000:.0f} ms a token (VERIFIER_GRAMMAR_ROW_MS)"
+            )
+            raise GrammarTooSlow(self.failure)
 
     def commit(self, tokens: Sequence[int]) -> Callable[[], None]:
         """Advance the state by the round's committed tokens; returns what undoes it."""

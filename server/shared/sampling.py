@@ -8,6 +8,9 @@ id so both sides cut identically.
 
 from __future__ import annotations
 
+import secrets
+from dataclasses import dataclass
+
 import numpy as np
 
 from server.shared.protocol import SamplingParams
@@ -99,3 +102,23 @@ def cap_support(probs: np.ndarray, max_support: int) -> np.ndarray:
     capped = np.zeros_like(probs)
     capped[order] = probs[order]
     return capped / capped.sum()
+
+
+@dataclass(frozen=True, slots=True)
+class PositionDraws:
+    """A generation's random numbers on the verifier. The token at each position (counted
+    from the first generated token) is decided with numbers drawn from a stream of its
+    own, keyed by the seed and that position (numpy's independent child streams): what
+    decides a token depends on where it stands, never on how many rounds, drafts or
+    sessions came before it. So a session opened again from its generated tokens draws
+    on as the lost one would have, and a round undone leaves nothing to put back."""
+
+    seed: int
+
+    @classmethod
+    def seeded(cls, seed: int | None) -> PositionDraws:
+        """The request's seed, or (none given) one of the generation's own."""
+        return cls(secrets.randbits(128) if seed is None else seed)
+
+    def at(self, position: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(position,)))

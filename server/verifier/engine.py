@@ -38,7 +38,7 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 from server.shared.runtime import DecodeError, LlamaRuntime
-from server.shared.sampling import dense
+from server.shared.sampling import PositionDraws, dense
 from server.verifier import invariance
 from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, Advisor, PassCost
 from server.verifier.checks import check_verify, resolve_strategy, round_key
@@ -176,7 +176,7 @@ class Engine:
             sampling=request.sampling,
             strategy=strategy,
             threshold=request.threshold,
-            rng=np.random.default_rng(request.sampling.seed),
+            draws=PositionDraws.seeded(request.sampling.seed),
             owner=owner,
             logprobs=request.logprobs,
             constraint=constraint,  # the grammar's state (compiled once per grammar)

@@ -15,7 +15,7 @@ import numpy as np
 from server.shared.acceptance import judge
 from server.shared.constraint import Constraint, GrammarError
 from server.shared.penalties import adjusted_rows, token_logprobs
-from server.shared.protocol import RoundTimings, Strategy, TokenLogprob, VerifyResponse
+from server.shared.protocol import RoundTimings, TokenLogprob, VerifyResponse
 from server.verifier.advice import Acceptance
 from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
@@ -35,10 +35,10 @@ def finish_round(
     advise: Callable[[Acceptance, int], int | None] | None = None,
 ) -> VerifyResponse:
     """The round's answer, the session advanced by it. Everything that can fail comes
-    before the session changes; the random stream is put back if it does, so a round
-    undone leaves no trace at all."""
+    before the session changes, so a round undone leaves no trace at all (its draws are
+    its positions' own: the same again when it is sent again)."""
     session = work.session
-    rng_state = session.rng.bit_generator.state if session.strategy != Strategy.greedy else None
+    first = len(session.tokens) - session.prompt_len  # the round's first position
     undo_grammar: Callable[[], None] | None = None
     try:
         if not np.isfinite(logits).all():
@@ -60,7 +60,7 @@ def finish_round(
             target_tokens,
             session.sampling,
             session.threshold,
-            session.rng,
+            lambda i: session.draws.at(first + i),
             is_eog,
         )
         # The grammar's state advanced before anything else changes (undone if a later
@@ -93,8 +93,6 @@ def finish_round(
             ),
         )
     except BaseException:
-        if rng_state is not None:
-            session.rng.bit_generator.state = rng_state
         if undo_grammar is not None:
             undo_grammar()
         raise
@@ -122,7 +120,7 @@ def _committed(constraint: Constraint | None, tokens: list[int]) -> Callable[[],
     undoes them."""
     if constraint is None:
         return lambda: None
-    return grammar_step(lambda: constraint.commit(tokens))
+    return constraint.defer(tokens)
 
 
 def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:

@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
+from server.shared.sampling import PositionDraws
 from server.verifier.advice import Acceptance
 from server.verifier.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.verifier.eviction import Eviction
@@ -42,7 +41,7 @@ class Session:
     sampling: SamplingParams
     strategy: Strategy
     threshold: float | None
-    rng: np.random.Generator  # the session's own stream: a seed makes it reproducible
+    draws: PositionDraws  # its random numbers, by position: a seed makes them reproducible
     owner: str = "anonymous"  # the API key identity that opened it
     last_used: float = field(default_factory=time.monotonic)
     # The last round's request and answer: a replay of it (a client that lost the

@@ -55,6 +55,22 @@ def test_masks_row_by_row_are_the_states_own_after_each_draft_token(vocab):
         "json_schema", PERSON).row_masks([]))  # fmt: skip
 
 
+def test_committed_tokens_are_consumed_by_the_next_masks_and_a_refusal_fails_the_grammar(vocab):
+    shelf = grammars(vocab)
+    deferred, committed = (shelf.constraint("regex", "(ab)+") for _ in range(2))
+    a, b = (vocab.tokenize(c, add_special=False)[0] for c in "ab")
+    deferred.defer([a, b, a])
+    committed.commit([a, b, a])
+    assert np.array_equal(deferred.row_masks([b]), committed.row_masks([b]))
+    undo = deferred.defer([b])
+    undo()  # handed back before any mask: as if never handed
+    assert np.array_equal(deferred.row_masks([]), committed.row_masks([]))
+    deferred.defer([a])  # "a" after "aba": refused when the next masks consume it
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="refused its committed tokens"):
+            deferred.row_masks([])
+
+
 def test_a_row_over_its_budget_fails_the_grammar_for_good(vocab):
     constraint = grammars(vocab).constraint("lark", AMBIGUOUS)
     with pytest.raises(GrammarTooSlow, match="VERIFIER_GRAMMAR_ROW_MS"):

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.model import DraftModel, DraftPolicy
 from scripts.harness.local import free_port
 from scripts.harness.metrics import Metrics
 from scripts.harness.restart import CLIENTS, run_drills
-from server.shared.protocol import PrefillRequest, VerifyRequest
+from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
 from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier, verifier_env
 
 pytestmark = pytest.mark.integration
@@ -161,6 +161,46 @@ def test_sigterm_finishes_the_round_in_flight(verifier_model, draft_model, undis
         assert verifiers[0].process.returncode in (0, -signal.SIGTERM)
         assert tokens == undisturbed
         assert stats.recoveries == 1
+    finally:
+        for verifier in verifiers:
+            verifier.stop()
+
+
+@pytest.mark.parametrize("strategy", ["rejection", "match"])
+def test_a_seeded_generation_goes_on_across_a_restart_as_if_none_came(
+    verifier_model, draft_model, strategy
+):
+    """kill -9 after two rounds of a sampled, seeded generation, and the verifier started
+    again on the same port: the drafter opens its session again from the prompt and the
+    generated tokens, and the rest is what the undisturbed run gives (the verifier's
+    draws go on from where the generation stands, not from the seed again)."""
+    sampling = SamplingParams(temperature=1.0, seed=11)
+    port = free_port()
+    verifiers = [start_verifier(verifier_model, port=port)]
+
+    def kill_and_restart(i: int) -> None:
+        if i != 2:
+            return
+        verifiers[0].process.send_signal(signal.SIGKILL)
+        verifiers[0].process.wait(timeout=60)
+        verifiers.append(start_verifier(verifier_model, port=port))
+
+    def run(hook) -> tuple[list[int], int]:
+        model.reset()
+        model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=12))
+        request = PrefillRequest(prompt=PROMPT, sampling=sampling, strategy=strategy)
+        with VerifierClient(verifiers[-1].url, timeout=30) as client:
+            loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=TEST_N_CTX)
+            for i, _ in enumerate(loop.run(request, NEW_TOKENS)):
+                hook(i)
+            return loop.result.tokens, loop.result.stats.recoveries
+
+    model = draft_model
+    try:
+        undisturbed, _ = run(lambda i: None)
+        disturbed, recoveries = run(kill_and_restart)
+        assert recoveries == 1
+        assert disturbed == undisturbed
     finally:
         for verifier in verifiers:
             verifier.stop()

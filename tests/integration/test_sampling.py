@@ -334,6 +334,37 @@ def test_same_seed_same_output(live_verifier, strategy):
     assert first["stats"]["bytes_sent_per_round"] > 0
 
 
+def test_a_seeded_session_opened_again_draws_on_where_the_first_stood(live_verifier, prompt_ids):
+    """A session opened again from its prompt and the tokens generated so far (as a
+    drafter does after a restart) goes on with the draws of the positions it is at: the
+    rest is what the verifier alone gives with the same seed, in one go."""
+    sampling = {"temperature": 1.0, "seed": 5}
+    whole = httpx.post(
+        f"{live_verifier.url}/generate",
+        json={"prompt_tokens": prompt_ids, "max_tokens": 24, "sampling": sampling},
+        timeout=120,
+    ).json()["tokens"]
+    cut = 7
+    reopened = PrefillRequest(
+        prompt_tokens=prompt_ids + whole[:cut],
+        add_bos=False,
+        generated_tokens=cut,
+        sampling=SamplingParams(**sampling),
+    )
+    rest: list[int] = []
+    with VerifierClient(live_verifier.url) as client:
+        session = client.prefill(reopened)
+        total = session.total_tokens
+        while len(rest) < len(whole) - cut:
+            answer = client.verify(VerifyRequest(session_id=session.session_id, n_past=total))
+            rest += answer.tokens
+            total = answer.total_tokens
+            if answer.eos:
+                break
+        client.delete_session(session.session_id)
+    assert rest == whole[cut:]
+
+
 def test_lossy_strategy_is_flagged_everywhere(live_verifier):
     with VerifierClient(live_verifier.url) as client:
         assert client.info().strategies == {

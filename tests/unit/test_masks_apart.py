@@ -45,7 +45,7 @@ class OnlyTokens:
             out[row, allowed] = logits[row, allowed]
         return out
 
-    def commit(self, tokens):
+    def defer(self, tokens):
         self.committed += tokens
         return lambda: [self.committed.pop() for _ in tokens]
 

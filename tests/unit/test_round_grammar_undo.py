@@ -1,6 +1,7 @@
-"""A round under a grammar that fails after the verdict leaves no trace: the grammar's
-state, the session and its KV sequence stay as they were (finish_round alone, a
-stand-in grammar)."""
+"""A round under a grammar that fails after the verdict leaves no trace: the tokens handed
+to the grammar (for its next masks to consume), the session and its KV sequence stay as
+they were (finish_round alone, a stand-in grammar; the real grammar's side is in
+tests/integration/test_hostile_grammars.py)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,17 @@ import numpy as np
 import pytest
 
 from server.shared.protocol import SamplingParams, Strategy
-from server.verifier.errors import InvalidGrammar
+from server.shared.sampling import PositionDraws
 from server.verifier.jobs import VerifyWork
 from server.verifier.rounds import finish_round
 from server.verifier.sessions import Session
 
 
 class Recorded:
-    """Allows every token; remembers what it consumed; may refuse to consume."""
+    """Allows every token; remembers what it was handed."""
 
-    def __init__(self, refuse: bool = False):
+    def __init__(self):
         self.state: list[int] = []
-        self.refuse = refuse
 
     def row_masks(self, draft_tokens, row_budget_s=0.0):
         return None
@@ -27,11 +27,7 @@ class Recorded:
     def apply_masks(self, logits, masks):
         return logits
 
-    def commit(self, tokens):
-        if self.refuse:
-            from server.shared.constraint import GrammarError
-
-            raise GrammarError("a limit the grammar reached")
+    def defer(self, tokens):
         self.state += tokens
         return lambda: [self.state.pop() for _ in tokens]
 
@@ -45,7 +41,7 @@ def a_round(grammar) -> tuple[Session, VerifyWork, list]:
         sampling=SamplingParams(),
         strategy=Strategy.greedy,
         threshold=None,
-        rng=np.random.default_rng(0),
+        draws=PositionDraws(0),
         constraint=grammar,
     )
     work = VerifyWork(session, [5, 6], None, start=2, round_key=("k",))
@@ -57,15 +53,6 @@ def logits() -> np.ndarray:
     rows = np.zeros((3, 8), dtype=np.float32)
     rows[0, 5] = rows[1, 6] = rows[2, 7] = 1.0  # every draft accepted, then 7
     return rows
-
-
-def test_a_grammar_that_fails_to_take_the_tokens_is_a_400_and_nothing_changes():
-    grammar = Recorded(refuse=True)
-    session, work, removed = a_round(grammar)
-    with pytest.raises(InvalidGrammar):
-        finish_round(work, logits(), 0.0, remove=lambda *a: removed.append(a),
-                     is_eog=lambda t: False, lossless=True)  # fmt: skip
-    assert session.tokens == [1, 2, 3] and removed == [] and grammar.state == []
 
 
 def test_a_step_failing_after_the_grammar_took_the_tokens_undoes_them():

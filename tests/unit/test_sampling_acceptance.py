@@ -17,7 +17,14 @@ from server.shared.acceptance import (
     residual_distribution,
 )
 from server.shared.protocol import SamplingParams
-from server.shared.sampling import cap_support, dense, probabilities, sample, sparse
+from server.shared.sampling import (
+    PositionDraws,
+    cap_support,
+    dense,
+    probabilities,
+    sample,
+    sparse,
+)
 
 V = 6
 EOS = 5
@@ -25,6 +32,12 @@ EOS = 5
 
 def is_eog(token: int) -> bool:
     return token == EOS
+
+
+def one_stream(rng: np.random.Generator):
+    """Every row's draws from one stream, in the order the rule takes them: many verdicts
+    from one seed."""
+    return lambda _: rng
 
 
 def dist(*values: float) -> np.ndarray:
@@ -61,17 +74,19 @@ def test_rejection_rule_is_exactly_p_by_enumeration(case):
 
 
 def first_tokens(strategy: str, p: np.ndarray, q: np.ndarray, n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
+    """The first token of `n` generations, each seeded (`seed` + its number) and drawing
+    as the verifier does, by position."""
     draft_rng = np.random.default_rng(seed + 1)
     p_next = dist(1, 1, 1, 1, 1, 1)
     counts = np.zeros(V)
-    for _ in range(n):
+    for run in range(n):
+        draws = PositionDraws(seed + run).at
         x = sample(q, draft_rng)
         target = np.stack([p, p_next])
         if strategy == "rejection":
-            verdict = accept_rejection([x], [q], target, rng, is_eog)
+            verdict = accept_rejection([x], [q], target, draws, is_eog)
         else:
-            verdict = accept_match([x], target, rng, is_eog)
+            verdict = accept_match([x], target, draws, is_eog)
         counts[verdict.tokens[0]] += 1
     return counts
 
@@ -95,7 +110,7 @@ def test_bonus_token_follows_the_last_row_when_all_are_accepted():
     rng = np.random.default_rng(7)
     counts = np.zeros(V)
     for _ in range(5000):
-        verdict = accept_rejection([1], [p0], np.stack([p0, p1]), rng, is_eog)
+        verdict = accept_rejection([1], [p0], np.stack([p0, p1]), one_stream(rng), is_eog)
         assert verdict.accepted_prefix_len == 1
         counts[verdict.tokens[1]] += 1
     support = p1 > 0
@@ -104,11 +119,10 @@ def test_bonus_token_follows_the_last_row_when_all_are_accepted():
 
 def test_accepted_eos_ends_the_round():
     p = dist(0, 0, 0, 0, 0, 1)
-    verdict = accept_rejection(
-        [EOS, 1], [p, p], np.stack([p, p, p]), np.random.default_rng(0), is_eog
-    )
+    draws = PositionDraws(0).at
+    verdict = accept_rejection([EOS, 1], [p, p], np.stack([p, p, p]), draws, is_eog)
     assert verdict.tokens == [EOS] and verdict.eos
-    verdict = accept_match([EOS, 1], np.stack([p, p, p]), np.random.default_rng(0), is_eog)
+    verdict = accept_match([EOS, 1], np.stack([p, p, p]), draws, is_eog)
     assert verdict.tokens == [EOS] and verdict.eos
 
 
@@ -117,8 +131,17 @@ def test_same_seed_same_verdicts():
     target = np.stack([p, p, p])
 
     def run(seed):
-        rng = np.random.default_rng(seed)
-        return [accept_rejection([0, 1], [q, q], target, rng, is_eog).tokens for _ in range(50)]
+        draws = PositionDraws(seed).at
+
+        def from_position(start: int):
+            return lambda i: draws(start + i)
+
+        # Rounds of two drafts, each from the next three positions on.
+        rounds = range(0, 150, 3)
+        return [
+            accept_rejection([0, 1], [q, q], target, from_position(start), is_eog).tokens
+            for start in rounds
+        ]
 
     assert run(3) == run(3)
     assert run(3) != run(4)
@@ -127,11 +150,13 @@ def test_same_seed_same_verdicts():
 def test_threshold_accepts_likely_drafts_and_is_lossy():
     p = dist(6, 3, 1, 0, 0, 0)
     rng = np.random.default_rng(0)
-    verdict = accept_threshold([1, 0], np.stack([p, p, p]), 0.25, rng, is_eog)
+    verdict = accept_threshold([1, 0], np.stack([p, p, p]), 0.25, one_stream(rng), is_eog)
     assert verdict.accepted_prefix_len == 2
     counts = np.zeros(V)
     for _ in range(3000):
-        counts[accept_threshold([1], np.stack([p, p]), 0.25, rng, is_eog).tokens[0]] += 1
+        counts[
+            accept_threshold([1], np.stack([p, p]), 0.25, one_stream(rng), is_eog).tokens[0]
+        ] += 1
     assert counts[1] == 3000  # p(1) = 0.3: always accepted, so not distributed as p
 
 
