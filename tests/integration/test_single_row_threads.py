@@ -11,15 +11,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
 from server.shared.protocol import PrefillRequest
 from server.shared.runtime import LlamaRuntime
 from server.verifier import invariance
 from server.verifier.decoder import PassDecoder
 from server.verifier.passes import PassShapes
-from tests.conftest import TEST_THREADS, ReferenceDecoder, start_verifier
+from tests.conftest import ReferenceDecoder, start_verifier
+from tests.fixtures.speculate import speculate
 
 pytestmark = pytest.mark.integration
 
@@ -92,13 +90,7 @@ def test_two_threads_answer_as_one_alone_and_through_rounds(
     ).json()["tokens"]
     assert alone == expected
 
-    model = DraftModel(drafter_model, n_ctx=1024, n_threads=TEST_THREADS)
-    try:
-        with VerifierClient(url, timeout=300) as client:
-            loop = SpeculativeLoop(model, client, draft_n=4, n_ctx=info["n_ctx"])
-            for _ in loop.run(PrefillRequest(prompt_tokens=prompt_ids), MAX_TOKENS):
-                pass
-    finally:
-        model.close()
-    assert loop.result.tokens == expected
-    assert loop.result.lossless is True
+    _, result = speculate(url, drafter_model, PrefillRequest(prompt_tokens=prompt_ids),
+                          MAX_TOKENS, draft_n=4)  # fmt: skip
+    assert result.tokens == expected
+    assert result.lossless is True
