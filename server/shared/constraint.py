@@ -31,6 +31,8 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
+from server.shared.grammar_ends import never_ends
+
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
 TEMPLATES_KEPT = 32  # an owner's grammars compiled, the most recently used kept
@@ -265,6 +267,8 @@ class Grammars:
         limits = self.limits
         before, began = allocated_bytes(), time.perf_counter()
         grammar = compile_grammar(kind, source)
+        if (reason := never_ends(kind, grammar, _schema(source))) is not None:
+            raise GrammarError(reason)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
@@ -305,6 +309,15 @@ class Grammars:
         ):
             oldest = mine.pop(0)
             held -= self._templates.pop(oldest).nbytes
+
+
+def _schema(source: str | dict[str, Any]) -> Any:
+    if not isinstance(source, str):
+        return source
+    try:
+        return json.loads(source)
+    except ValueError:
+        return None
 
 
 class _MallInfo2(ctypes.Structure):

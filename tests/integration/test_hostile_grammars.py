@@ -226,3 +226,26 @@ def test_a_grammar_over_its_row_budget_ends_that_sessions_generation(verifier_mo
             assert set(statuses) == {200} and len(got) >= 4
     finally:
         verifier.stop()
+
+
+def test_grammars_that_can_never_end_are_refused_at_prefill(two_keys):
+    never = [
+        {"kind": "lark", "source": 'start: "a" start'},
+        {"kind": "gbnf", "source": 'root ::= "a" root'},
+        {"kind": "json_schema", "source": {"$ref": "#"}},
+        {"kind": "json_schema", "source": {
+            "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}},
+    ]  # fmt: skip
+    with httpx.Client(base_url=two_keys.url, timeout=300) as client:
+        for grammar in never:
+            answer = prefill(client, MALLORY, grammar)
+            assert answer.status_code == 400, (grammar, answer.text)
+            assert "can never end" in answer.json()["error"]["message"]
+        linked = {  # recursive, but `next` may be null: it ends
+            "$defs": {"Node": {"type": "object", "required": ["next"], "properties": {
+                "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}}}},
+            "$ref": "#/$defs/Node",
+        }  # fmt: skip
+        answer = prefill(client, MALLORY, {"kind": "json_schema", "source": linked})
+        assert answer.status_code == 200, answer.text
+        client.delete(f"/sessions/{answer.json()['session_id']}", headers=auth(MALLORY))
