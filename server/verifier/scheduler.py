@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -134,19 +135,17 @@ class BatchScheduler:
             raise
         return await _result(future)
 
-    async def call(
-        self,
-        fn: Callable[[], Any],
-        session_id: str | None = None,
-        owner: str = "anonymous",
-        finishing: bool = False,
-    ) -> Any:
-        """Run engine work that needs no decode (a delete, a session's end) on the engine thread,
-        after any work queued before it for `session_id`. Work `finishing` a request that
-        was admitted (its last step, freeing what it leaves) is never refused for a full
-        queue: refused, it would waste the request's work or hold a sequence until the
-        idle TTL."""
-        return await _result(self._enqueue(Job(owner, session_id, call=fn), admit=not finishing))
+    async def end(self, session_id: str, owner: str, only: object | None = None) -> None:
+        """End a session on the engine thread, after the work queued for it. `only` None:
+        a client's delete (SessionNotFound where the owner has no such session). Else the
+        end of the session a request opened, if it is still that very one and idle; never
+        refused for a full queue: refused, it would hold a sequence until the idle TTL."""
+        sessions = self.engine.sessions
+        if only is None:
+            end = functools.partial(sessions.delete, session_id, owner)
+        else:
+            end = functools.partial(sessions.discard, session_id, only=only)
+        await _result(self._enqueue(Job(owner, session_id, call=end), admit=only is None))
 
     @property
     def queue_depth(self) -> int:

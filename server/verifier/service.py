@@ -137,8 +137,7 @@ class VerifierService:
 
     async def delete(self, session_id: str, owner: str, routing: Sequence[str] = ()) -> None:
         session_id_named(routing_header(list(routing)), session_id)
-        sessions = self.engine.sessions
-        await self.scheduler.call(lambda: sessions.delete(session_id, owner), session_id, owner)
+        await self.scheduler.end(session_id, owner)
 
     async def generate(
         self, request: GenerateRequest, owner: str, gone: ClientGone | None = None
@@ -221,10 +220,4 @@ class VerifierService:
     async def _discard(self, opened: Opened, owner: str) -> None:
         """End the session `opened` opened, if it is still that one and still there
         (eviction may have won)."""
-        sessions, session = self.engine.sessions, opened.session
-        await self.scheduler.call(
-            lambda: sessions.discard(session.session_id, only=session),
-            session.session_id,
-            owner,
-            finishing=True,
-        )
+        await self.scheduler.end(opened.session.session_id, owner, only=opened.session)

@@ -231,7 +231,7 @@ def test_a_delete_queued_behind_a_round_waits_for_it_and_frees_nothing_early():
         answers = await drive(
             scheduler,
             scheduler.verify(verify_request(s, expected_s[:2])),
-            scheduler.call(lambda: engine.sessions.delete(s["id"]), s["id"]),
+            scheduler.end(s["id"], "anonymous"),
             prefilled(scheduler, PrefillRequest(prompt="a newcomer")),
         )
         round_s, deleted, newcomer = answers

@@ -53,3 +53,20 @@ def test_the_engine_says_which_of_its_methods_are_safe_on_any_thread():
 
 def attributes_of(node: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def test_the_service_never_touches_sessions_or_hands_the_engine_thread_a_function():
+    """Sessions are the engine thread's: the service ends one through the scheduler's
+    `end`, which says what runs there, never with a function of its own over them."""
+    tree = ast.parse((VERIFIER / "service.py").read_text())
+    assert "sessions" not in attributes(VERIFIER / "service.py")
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)
+                and "scheduler" in ast.unparse(n)]  # fmt: skip
+    scheduler_calls = {
+        n.func.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and ast.unparse(n.func.value) == "self.scheduler"
+    }
+    assert scheduler_calls <= {"prefill", "verify", "end", "close"}, scheduler_calls
