@@ -5,9 +5,11 @@ Starts a verifier with two keys, alice and mallory (or uses --server, whose keys
 given). Alice opens sessions from text prompts and runs rounds of one token; mallory,
 in two threads, runs one attack at a time: an ambiguous Lark grammar with chunk rounds
 or with 16-token drafts, nested counted repetition (a new regex each time), or JSON
-schemas slow to compile (a new one each time). Per attack: alice's round latency (p50,
-p99), her tokens per second, her prompt's time to open a session (p50), what mallory's
-requests were answered, and the verifier's resident memory before and after.
+schemas slow to compile (a new one each time); and, to tell a grammar's cost from the cost
+of rounds that size, the same chunk and draft rounds without a grammar. Per attack:
+alice's round latency (p50, p99), her tokens per second, her prompt's time to open a
+session (p50), what mallory's requests were answered, and the verifier's resident memory
+before and after.
 
     .venv/bin/python scripts/bench_hostile_grammars.py --seconds 15
 """
@@ -44,6 +46,10 @@ def mallory_requests(kind: str, n: int) -> tuple[dict, dict]:
         return {"prompt": "x", "grammar": {"kind": "lark", "source": AMBIGUOUS}}, {"chunk": 16}
     if kind == "ambiguous-drafts":
         return {"prompt": "x", "grammar": {"kind": "lark", "source": AMBIGUOUS}}, {"draft": 16}
+    if kind == "plain-chunks":  # the same rounds without a grammar: what their size costs
+        return {"prompt": "x"}, {"chunk": 16}
+    if kind == "plain-drafts":
+        return {"prompt": "x"}, {"draft": 16}
     if kind == "nested-repetition":
         grammar = {"kind": "regex", "source": f"((a{{1000}}){{1000}}){{1000}}x{n}"}
         return {"prompt": "x", "grammar": grammar}, {"chunk": 4}
@@ -154,7 +160,14 @@ def run(url: str, pid: int | None, seconds: float, attacks: list[str]) -> None:
         )
 
 
-ATTACKS = ["ambiguous-chunks", "ambiguous-drafts", "nested-repetition", "slow-compiles"]
+ATTACKS = [
+    "plain-chunks",
+    "ambiguous-chunks",
+    "plain-drafts",
+    "ambiguous-drafts",
+    "nested-repetition",
+    "slow-compiles",
+]
 
 
 def main() -> None:

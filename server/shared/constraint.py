@@ -170,8 +170,14 @@ class Constraint:
 
     def commit(self, tokens: Sequence[int]) -> Callable[[], None]:
         """Advance the state by the round's committed tokens; returns what undoes it."""
-        matcher = self._matcher
-        consumed = matcher.try_consume_tokens(list(tokens))
+        matcher, consumed = self._matcher, 0
+        # One token a call: llguidance holds the GIL while it consumes, and an ambiguous
+        # grammar's token can take milliseconds; between calls the engine thread and the
+        # event loop run (a mask, unlike a consume, is computed without the GIL).
+        for token in tokens:
+            if matcher.try_consume_tokens([token]) != 1:
+                break
+            consumed += 1
         taken = consumed
         # The end of the grammar's text is not consumed by trying: it is taken on its own
         # (a matcher that stopped already, with nothing left to write, takes it as is).
