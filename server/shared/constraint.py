@@ -270,36 +270,49 @@ class Grammars:
     def _compiled(
         self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer, key
     ) -> _Template:
-        limits = self.limits
-        before, began = allocated_bytes(), time.perf_counter()
-        grammar = compile_grammar(kind, source)
-        if (reason := never_ends(kind, grammar, _schema(source))) is not None:
-            raise GrammarError(reason)
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
-        # The first mask, here: it builds the lexer, the costly part of a costly grammar,
-        # and shows a grammar that fails at its first token.
-        Constraint(matcher, self.n_vocab, frozenset()).row_masks([])
-        seconds, nbytes = time.perf_counter() - began, max(0, allocated_bytes() - before)
-        refusal = None
-        if limits.compile_s and seconds > limits.compile_s:
-            refusal = (
-                f"the grammar took {seconds:.1f} s to compile, over the limit of "
-                f"{limits.compile_s:g} s (VERIFIER_GRAMMAR_COMPILE_S)"
-            )
-        elif limits.grammar_bytes and nbytes > limits.grammar_bytes:
-            refusal = (
-                f"the compiled grammar takes {nbytes / 1e6:.0f} MB, over the limit of "
-                f"{limits.grammar_bytes / 1e6:.0f} MB (VERIFIER_GRAMMAR_MAX_MB)"
-            )
-        if refusal is not None:
+        # A refused grammar is raised from here, after its compile's frames are gone: a
+        # traceback through them would keep its memory until the error is dropped, freed
+        # then during a later compile, whose measure it would hide.
+        template, failure, limited = self._measured(kind, source, tokenizer)
+        if failure is None:
+            return template
+        if limited:
             with self._lock:
-                self._refused[key] = refusal
+                self._refused[key] = failure
                 while len(self._refused) > REFUSALS_KEPT:
                     self._refused.popitem(last=False)
-            raise GrammarError(refusal)
-        return _Template(matcher, nbytes)
+        raise GrammarError(failure)
+
+    def _measured(
+        self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer
+    ) -> tuple[Any, str | None, bool]:
+        """(the compiled grammar, None, False); or (None, why not, whether over a limit)."""
+        limits = self.limits
+        before, began = allocated_bytes(), time.perf_counter()
+        try:
+            grammar = compile_grammar(kind, source)
+            if (reason := never_ends(kind, grammar, _schema(source))) is not None:
+                return None, reason, False
+            matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
+            if matcher.is_error():
+                return None, matcher.get_error(), False
+            # The first mask, here: it builds the lexer, the costly part of a costly
+            # grammar, and shows a grammar that fails at its first token.
+            Constraint(matcher, self.n_vocab, frozenset()).row_masks([])
+        except GrammarError as exc:
+            return None, str(exc), False
+        seconds, nbytes = time.perf_counter() - began, max(0, allocated_bytes() - before)
+        if limits.compile_s and seconds > limits.compile_s:
+            return None, (
+                f"the grammar took {seconds:.1f} s to compile, over the limit of "
+                f"{limits.compile_s:g} s (VERIFIER_GRAMMAR_COMPILE_S)"
+            ), True  # fmt: skip
+        if limits.grammar_bytes and nbytes > limits.grammar_bytes:
+            return None, (
+                f"the compiled grammar takes {nbytes / 1e6:.0f} MB, over the limit of "
+                f"{limits.grammar_bytes / 1e6:.0f} MB (VERIFIER_GRAMMAR_MAX_MB)"
+            ), True  # fmt: skip
+        return _Template(matcher, nbytes), None, False
 
     def _keep(self, key: tuple[str, str], template: _Template) -> None:
         """Under the lock: kept for the owner's next sessions, its oldest ones dropped
