@@ -154,12 +154,11 @@ def parse_tool_call(text: str) -> ToolCall | None:
     body = text.strip().removeprefix(OPEN.strip()).removesuffix(CLOSE.strip()).strip()
     try:
         called = json.loads(body)
-        name, arguments = called["name"], called["arguments"]
-    except (ValueError, KeyError, TypeError):
+        name, arguments = called["name"], json.dumps(called["arguments"])
+    except (ValueError, KeyError, TypeError, RecursionError):  # nested past what json reads
         return None
     return ToolCall(
-        id=f"call_{uuid.uuid4().hex[:24]}",
-        function=CalledFunction(name=name, arguments=json.dumps(arguments)),
+        id=f"call_{uuid.uuid4().hex[:24]}", function=CalledFunction(name=name, arguments=arguments)
     )
 
 

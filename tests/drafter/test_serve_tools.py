@@ -1,12 +1,13 @@
 """A tool's parameters placed inside the grammar of calls: its refs point into it again,
-and nothing else changes (the real grammar and model: tests/integration/test_grammar.py
-and test_openai_api.py)."""
+and nothing else changes; a call the model wrote is read, and one nested past what JSON
+is read to is a plain answer, not an error (the real grammar and model:
+tests/integration/test_grammar.py and test_openai_api.py)."""
 
 from __future__ import annotations
 
 import copy
 
-from drafter.serve.tools import rebased
+from drafter.serve.tools import CLOSE, OPEN, parse_tool_call, rebased
 
 AT = "/anyOf/1/properties/arguments"
 
@@ -55,3 +56,11 @@ def test_a_schema_deeper_than_recursion_goes_is_rebased_level_by_level():
     for _ in range(5000):
         placed = placed["items"]
     assert placed == {"$ref": f"#{AT}"}
+
+
+def test_a_call_is_read_and_one_nested_too_deep_is_a_plain_answer():
+    call = parse_tool_call(f'{OPEN}{{"name": "f", "arguments": {{"a": [1]}}}}{CLOSE}')
+    assert call is not None
+    assert (call.function.name, call.function.arguments) == ("f", '{"a": [1]}')
+    deep = "[" * 5000 + "]" * 5000
+    assert parse_tool_call(f'{OPEN}{{"name": "f", "arguments": {deep}}}{CLOSE}') is None
