@@ -107,6 +107,7 @@ class LevelResult:
     errors: list[str]
     mismatches: int  # drafters whose output was not the verifier's own
     before: list[Metrics] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)  # each drafter's tokens
     after: list[Metrics] = field(default_factory=list)
 
     def delta(self, name: str, **labels: str) -> float:
@@ -233,4 +234,5 @@ def run_drafters(
         mismatches=mismatches,
         before=before,
         after=after,
+        outputs=outputs,
     )

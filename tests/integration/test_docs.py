@@ -148,7 +148,9 @@ def check_static(env: dict[str, str], argv: list[str], where: str) -> None:
         check_drafter_args(args)
     elif program.startswith("./scripts/"):
         assert (REPO_ROOT / program).stat().st_mode & 0o111, program
-        assert not args, f"{where}: {argv}"
+        # A script of stages shows each in its own header: `./scripts/x.sh STAGE`.
+        usage = (REPO_ROOT / program).read_text()
+        assert not args or f"{program} {args[0]}" in usage, f"{where}: {argv}"
     elif program == ".venv/bin/uvicorn":
         assert args[0] == "server.main:app", argv
         shown = subprocess.run(
