@@ -1,12 +1,19 @@
-"""What a drafter proposes for a round, and what a drafter is: the model, prompt lookup,
-lookup with the model behind it, or the model through text."""
+"""The loop's contracts, every hook declared with its default: what a drafter proposes for
+a round (`Draft`), what a drafter is (`Drafter`: the model, prompt lookup, lookup with the
+model behind it, or the model through text), and what a draft-length policy is
+(`DraftLength`: drafter/draft_length.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+from server.shared.protocol import Grammar, PrefillRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from drafter.draft_length import RoundTiming
 
 
 class Draft(NamedTuple):
@@ -22,14 +29,79 @@ class Draft(NamedTuple):
         return Draft(self.tokens[:k], probs, min(k, self.reused))
 
 
-class CandidateGenerator(Protocol):
-    """Shaped like HF transformers' CandidateGenerator, without its learning hook: what a
-    round's answer teaches (the next k) is the loop's DraftLength.
+class Drafter:
+    """What the loop asks of a drafter, each hook with its default: a drafter overrides
+    what it does. Shaped like HF transformers' CandidateGenerator (`get_candidates`),
+    without its learning hook: what a round's answer teaches (the next k) is the loop's
+    DraftLength."""
 
-    Optional: `warm(prefill)` evaluates the prompt ahead of the first draft (the loop
-    calls it while the verifier prefills); `likely_answers(committed, draft, limit)` ranks
-    the verifier's likely answers to a draft (drafter/speculation.py)."""
+    # Whether `warm` does work (the loop then warms the drafter while the verifier
+    # prefills), and whether `catch_up` does (a cache of evaluated tokens that rounds
+    # without a draft leave behind).
+    warms: bool = False
+    catches_up: bool = False
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
-    ) -> Draft: ...
+    ) -> Draft:
+        """Up to k tokens to follow `committed`, until `stop()`."""
+        raise NotImplementedError
+
+    def warm(self, prefill: PrefillRequest, stop: Callable[[], bool] | None = None) -> None:
+        """Evaluate the prompt ahead of the first draft (while the verifier prefills)."""
+
+    def catch_up(self, committed: Sequence[int], stop: Callable[[], bool] | None = None) -> bool:
+        """Evaluate the committed tokens the drafter lacks, until `stop()`; whether it
+        holds them all now."""
+        return True
+
+    def follow(self, sampling: SamplingParams, grammar: Grammar | None, prompt_len: int) -> None:
+        """Draft under the verifier's penalties, biases and grammar (more is accepted)."""
+
+    def likely_answers(
+        self, committed: Sequence[int], draft: Sequence[int], limit: int
+    ) -> list[tuple[int, int]] | None:
+        """The verifier's likeliest answers to `draft`, as (accepted prefix, next token),
+        best first (drafter/speculation.py); None where the drafter cannot rank them."""
+        return None
+
+    def finish(self, text: Sequence[int]) -> None:
+        """The generation ended with `text` (its prompt and output): a drafter that
+        learns from its user's history keeps it."""
+
+
+class DraftLength:
+    """What the loop asks of a draft-length policy, each with its default: a policy
+    overrides what it uses."""
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def adaptive(self) -> bool:
+        """A draft only when it pays, so none while the draft model is not ready: the
+        loop sends a round without a draft rather than wait for it (else it waits)."""
+        return False
+
+    def next(self, ahead: bool = False) -> int:
+        """The draft length of the next round (`ahead`: of a draft made while a round
+        is out)."""
+        raise NotImplementedError
+
+    def drafts_soon(self) -> bool:
+        """Whether the round after this round without a draft carries one."""
+        return False
+
+    def chunk(self, paced: bool = False) -> int:
+        """Tokens a round without a draft asks for."""
+        return 1
+
+    def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        """What a round's answer teaches."""
+
+    def observe(self, timing: RoundTiming) -> None:
+        """A round's times, as the loop measured them."""
+
+    def advise(self, advised: int | None) -> None:
+        """The verifier's advised draft length (None: it gives none)."""

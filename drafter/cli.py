@@ -58,6 +58,8 @@ PipelineOpt = Annotated[
     bool | None, _flag("pipeline", "--pipeline/--no-pipeline", default_text="auto")
 ]
 PMinOpt = Annotated[float | None, _flag("p_min")]
+HistoryFileOpt = Annotated[Path | None, _flag("history_file")]
+HistoryTokensOpt = Annotated[int | None, _flag("history_tokens")]
 BranchesOpt = Annotated[int | None, _flag("branches")]
 PromptOpt = Annotated[str | None, _flag("prompt")]
 ChatOpt = Annotated[bool | None, _flag("chat", "--chat")]
@@ -117,6 +119,8 @@ def generate(
     prompt: PromptOpt = None,
     draft_n: DraftNOpt = None,
     drafter: DrafterOpt = None,
+    history_file: HistoryFileOpt = None,
+    history_tokens: HistoryTokensOpt = None,
     pipeline: PipelineOpt = None,
     branches: BranchesOpt = None,
     p_min: PMinOpt = None,
@@ -170,6 +174,8 @@ def serve(
     port: PortOpt = None,
     draft_n: DraftNOpt = None,
     drafter: DrafterOpt = None,
+    history_file: HistoryFileOpt = None,
+    history_tokens: HistoryTokensOpt = None,
     pipeline: PipelineOpt = None,
     branches: BranchesOpt = None,
     p_min: PMinOpt = None,

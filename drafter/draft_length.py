@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from drafter.candidates import DraftLength
 from drafter.chunk_pace import ChunkPace
+from server.shared.draft_gain import Acceptance, expected_tokens
 
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
 # PROBE_FIRST, doubling after each probe that keeps the chunks, up to PROBE_LAST.
@@ -74,7 +76,7 @@ class MeasuredRate:
 
 
 @dataclass
-class FixedLength:
+class FixedLength(DraftLength):
     """k drafts a round. k = 0 (no drafting): every round is a chunk of the verifier's own
     tokens, paced by `ChunkPace`, so that asking for no drafts runs at the verifier's own
     speed rather than a round trip a token."""
@@ -116,7 +118,7 @@ class FixedLength:
 
 
 @dataclass
-class DoublingLength:
+class DoublingLength(DraftLength):
     """x2 after a round whose whole draft was accepted; after a rejection, the accepted
     prefix plus one; within [minimum, maximum]."""
 
@@ -138,9 +140,6 @@ class DoublingLength:
         after = 2 * self.k if accepted_prefix_len == drafted else accepted_prefix_len + 1
         self.k = min(max(after, self.minimum), self.maximum)
 
-    def chunk(self, paced: bool = False) -> int:
-        return 1
-
     @property
     def label(self) -> str:
         return "auto"
@@ -160,7 +159,7 @@ class RoundTiming:
 
 
 @dataclass
-class LinkAwareLength:
+class LinkAwareLength(DraftLength):
     """The k with the most tokens per second expected from what this generation measured:
     per-token acceptance a (each round: accepted tokens and at most one rejection,
     counted with geometric weights so recent rounds count more), the verifier's time per
@@ -193,8 +192,7 @@ class LinkAwareLength:
     max_chunk: int = 1
     watched: bool = True
     k: int = 0
-    _accepted: float = 3.0  # a weak prior: a = 0.75
-    _rejected: float = 1.0
+    _acceptance: Acceptance = field(default_factory=Acceptance)
     _fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # n, x, y, xx, xy
     _step_s: float | None = None  # the verifier's time a token of a chunk
     k_ahead: int = 0
@@ -251,8 +249,7 @@ class LinkAwareLength:
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
             self._chunks_to_probe = self._probe_every
-        self._accepted = self.decay * self._accepted + accepted_prefix_len
-        self._rejected = self.decay * self._rejected + (accepted_prefix_len < drafted)
+        self._acceptance = self._acceptance.after(drafted, accepted_prefix_len, self.decay)
 
     def observe(self, timing: RoundTiming) -> None:
         d = self.decay
@@ -332,7 +329,7 @@ class LinkAwareLength:
 
     @property
     def acceptance(self) -> float:
-        return self._accepted / (self._accepted + self._rejected)
+        return self._acceptance.rate
 
     def verifier_s(self, rows: int) -> float:
         n, x, y, xx, xy = self._fit
@@ -351,8 +348,7 @@ class LinkAwareLength:
     ) -> float:
         """`verifier_s`: the verifier's time for the round whatever k (else this
         session's line of it against its rows)."""
-        a = min(self.acceptance, 0.999)
-        tokens = (1 - a ** (k + 1)) / (1 - a)
+        tokens = expected_tokens(self.acceptance, k)
         if verifier_s is None:
             verifier_s = self.verifier_s(k + 1)
         seconds = (self._link_s or 0.0) + verifier_s
@@ -377,6 +373,3 @@ class LinkAwareLength:
         verifier_s = None if not self.advised else self.verifier_s(ceiling + 1)
         candidates = range(self.minimum, ceiling + 1)
         return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead, verifier_s))
-
-
-DraftLength = FixedLength | DoublingLength | LinkAwareLength

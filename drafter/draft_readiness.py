@@ -13,19 +13,19 @@ from drafter.warming import Warming
 
 def drafts_soon(length: DraftLength) -> bool:
     """Whether the next round, or the one after it, may carry a draft."""
-    return length.next() > 0 or getattr(length, "drafts_soon", bool)()
+    return length.next() > 0 or length.drafts_soon()
 
 
 def holds_back(length: DraftLength, k: int, behind: bool, warming: Warming) -> bool:
     """Whether a round of `k` drafts whose draft is still to be made goes without one:
     the draft model is not ready (`behind`, or still warming) and the length adapts to
     rounds without a draft (`adaptive`; a fixed length waits)."""
-    return k > 0 and getattr(length, "adaptive", False) and (behind or warming.running())
+    return k > 0 and length.adaptive and (behind or warming.running())
 
 
 def catches_up(length: DraftLength, behind: bool, drafted: bool, left: int, chunk: int) -> bool:
     """Whether the draft model catches up while this round is out: a round without a
     draft (`drafted` false) before a drafted one, or while the model is `behind`, unless
     its `chunk` may be all of the `left` tokens still wanted (no drafted round follows)."""
-    soon = behind or getattr(length, "drafts_soon", bool)()
+    soon = behind or length.drafts_soon()
     return not drafted and soon and left > chunk

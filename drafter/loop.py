@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from drafter.candidates import CandidateGenerator, Draft
+from drafter.candidates import Draft, Drafter
 from drafter.draft_length import DraftLength, FixedLength, RoundTiming
 from drafter.draft_readiness import catches_up, drafts_soon, holds_back
 from drafter.errors import VerifierRejected
@@ -86,7 +86,7 @@ class SpeculativeResult:
 class SpeculativeLoop:
     def __init__(
         self,
-        drafter: CandidateGenerator,
+        drafter: Drafter,
         verifier: Verifier,
         *,
         draft_n: int | DraftLength,
@@ -167,6 +167,7 @@ class SpeculativeLoop:
             stats.bytes_received = self.verifier.bytes_received - received0
             if self.speculation is not None:
                 stats.add_speculation(self.speculation.counts)
+            self.drafter.finish([*self.result.prompt_ids, *self.result.tokens])
             self.sessions.close(session[0])
 
     def _opened(self, opened: PrefillResponse, prefill_s: float) -> None:
@@ -176,7 +177,7 @@ class SpeculativeLoop:
         stats.prefill_time_s = prefill_s
         stats.prompt_tokens = opened.prompt_len
         stats.cached_prompt_tokens = opened.cached_tokens
-        _advise(self.draft_length, opened.advised_draft)  # the first round too
+        self.draft_length.advise(opened.advised_draft)  # the first round too
 
     def _rounds(
         self,
@@ -263,10 +264,8 @@ class SpeculativeLoop:
         stats.verifier_time_s += timing.verifier_s
         stats.generated_tokens = len(result.tokens)
         self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
-        _advise(self.draft_length, verdict.advised_draft)
-        observe = getattr(self.draft_length, "observe", None)
-        if observe is not None:
-            observe(timing)
+        self.draft_length.advise(verdict.advised_draft)
+        self.draft_length.observe(timing)
         return RoundEvent(
             draft_tokens=list(draft.tokens),
             accepted_prefix_len=verdict.accepted_prefix_len,
@@ -316,11 +315,10 @@ class SpeculativeLoop:
     def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:
         """The verifier's prefill; pipelined, the drafter warms up meanwhile (warming.py)
         unless it is not to draft."""
-        warm = getattr(self.drafter, "warm", None)
-        if sender is None or warm is None or not drafts_soon(self.draft_length):
+        if sender is None or not self.drafter.warms or not drafts_soon(self.draft_length):
             return self.sessions.open(prefill)
         in_flight: Future = sender.submit(self.sessions.open, prefill)
-        self.warming.start(warm, prefill)
+        self.warming.start(self.drafter.warm, prefill)
         return in_flight.result()
 
     def _timed_verify(self, request: VerifyRequest) -> tuple[VerifyResponse, float]:
@@ -368,13 +366,6 @@ def _chunk(
     return max(1, min(chunk, remaining, room))
 
 
-def _advise(length: object, advised: int | None) -> None:
-    """The verifier's advice, to a draft length that takes it (`auto`)."""
-    advise = getattr(length, "advise", None)
-    if advise is not None:
-        advise(advised)
-
-
 def _ema(mean: float, value: float, weight: float = 0.2) -> float:
     """A running mean that follows recent values (the first value starts it)."""
     if mean in (0.0, float("inf")):
@@ -382,9 +373,7 @@ def _ema(mean: float, value: float, weight: float = 0.2) -> float:
     return (1 - weight) * mean + weight * value
 
 
-def follow_rules(drafter: CandidateGenerator, prefill: PrefillRequest, prompt_len: int) -> None:
+def follow_rules(drafter: Drafter, prefill: PrefillRequest, prompt_len: int) -> None:
     """Drafts follow the verifier's penalties, biases and grammar where the drafter can
     (DraftModel.follow): more of them are accepted."""
-    follow = getattr(drafter, "follow", None)
-    if follow is not None:
-        follow(prefill.sampling, prefill.grammar, prompt_len)
+    drafter.follow(prefill.sampling, prefill.grammar, prompt_len)

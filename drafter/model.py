@@ -1,6 +1,6 @@
 """The local draft model: proposes the next k tokens with its own KV cache.
 
-A CandidateGenerator (drafter/loop.py): `get_candidates` drafts. The KV cache follows the
+A Drafter (drafter/candidates.py): `get_candidates` drafts. The KV cache follows the
 committed tokens by longest common prefix, so after each round only the rejected drafts
 are dropped and only new tokens (the target's token, at most one unevaluated draft) are
 evaluated.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
 from drafter.draft_chain import DraftChain
 from drafter.draft_context import DraftContext
 from drafter.draft_rules import DraftRules, rules_for
@@ -57,13 +57,15 @@ def default_gpu_layers() -> int:
     return -1 if supports_gpu_offload() else 0
 
 
-class DraftModel:
+class DraftModel(Drafter):
     """One KV sequence of a draft context: a generation's drafts, and what its cache holds.
 
     `DraftModel(path, ...)` loads a context of its own with one sequence; `serve` makes
     one per concurrent generation on a shared context (`DraftModel.on(context, seq_id)`).
     Between generations the cache is kept: the next prompt re-evaluates only from where
     it parts from what is cached."""
+
+    warms = catches_up = True
 
     def __init__(
         self,
@@ -159,7 +161,7 @@ class DraftModel:
     def starts_with_bos(self, text: str) -> bool:
         return self.runtime.starts_with_bos(text)
 
-    # -- CandidateGenerator -----------------------------------------------------------
+    # -- Drafter ---------------------------------------------------------------------
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None

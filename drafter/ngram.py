@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
+from server.shared.protocol import Grammar, PrefillRequest, SamplingParams
 
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
@@ -46,8 +47,8 @@ def lookup(
     return []
 
 
-class NgramDrafter:
-    """A CandidateGenerator with no model. With sampled drafts (rejection sampling) the
+class NgramDrafter(Drafter):
+    """A drafter with no model. With sampled drafts (rejection sampling) the
     proposal is a point mass on the looked-up token, sent as q = 1 for it: accepted with
     the target's own probability, so the output still follows the verifier exactly."""
 
@@ -77,31 +78,40 @@ class NgramDrafter:
         return q
 
 
-class ModelWithNgram:
-    """n-gram drafts when the text so far has a match, the draft model's otherwise."""
+class ModelWithLookup(Drafter):
+    """A lookup's drafts (prompt lookup, or the suffix drafter over the user's history)
+    where the text so far has a match, the draft model's otherwise; every other hook is
+    both's (the lookup's are its defaults but `finish`)."""
 
-    def __init__(self, ngram: NgramDrafter, model):
-        self.ngram = ngram
+    def __init__(self, lookup: Drafter, model: Drafter):
+        self.lookup = lookup
         self.model = model
+        self.warms, self.catches_up = model.warms, model.catches_up
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
     ) -> Draft:
-        found = self.ngram.get_candidates(committed, k)
+        found = self.lookup.get_candidates(committed, k)
         if found.tokens:
             return found
         return self.model.get_candidates(committed, k, stop)
 
-    def warm(self, prefill, stop: Callable[[], bool] | None = None) -> None:
+    def warm(self, prefill: PrefillRequest, stop: Callable[[], bool] | None = None) -> None:
         self.model.warm(prefill, stop)
 
     def catch_up(self, committed: Sequence[int], stop: Callable[[], bool] | None = None) -> bool:
-        catch_up = getattr(self.model, "catch_up", None)
-        return True if catch_up is None else catch_up(committed, stop)
+        return self.model.catch_up(committed, stop)
 
-    def follow(self, *rules) -> None:
-        """The model's drafts follow the verifier's rules (DraftModel.follow); the n-gram
-        drafts copy the text, which followed them."""
-        follow = getattr(self.model, "follow", None)
-        if follow is not None:
-            follow(*rules)
+    def follow(self, sampling: SamplingParams, grammar: Grammar | None, prompt_len: int) -> None:
+        """The model's drafts follow the verifier's rules; the n-gram drafts copy the
+        text, which followed them."""
+        self.model.follow(sampling, grammar, prompt_len)
+
+    def likely_answers(
+        self, committed: Sequence[int], draft: Sequence[int], limit: int
+    ) -> list[tuple[int, int]] | None:
+        return self.model.likely_answers(committed, draft, limit)
+
+    def finish(self, text: Sequence[int]) -> None:
+        self.lookup.finish(text)
+        self.model.finish(text)

@@ -7,16 +7,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from drafter.candidates import CandidateGenerator
+from drafter.candidates import Drafter
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
 from drafter.draft_length import DoublingLength, DraftLength, FixedLength, LinkAwareLength
 from drafter.errors import DrafterError
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
-from drafter.ngram import ModelWithNgram, NgramDrafter
+from drafter.ngram import ModelWithLookup, NgramDrafter
 from drafter.output import BaselineResult
-from drafter.settings import DrafterKind, DrafterSettings, OutputFormat
+from drafter.settings import LOOKUPS, DrafterKind, DrafterSettings, OutputFormat
+from drafter.suffix import SuffixDrafter, SuffixHistory
 from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
 from server.shared.protocol import (
     GenerateRequest,
@@ -145,18 +146,32 @@ def draft_policy(settings: DrafterSettings) -> DraftPolicy:
 
 
 def candidate_generator(
-    model: DraftModel, settings: DrafterSettings, target: LlamaVocab | None = None
-) -> CandidateGenerator:
+    model: DraftModel,
+    settings: DrafterSettings,
+    target: LlamaVocab | None = None,
+    history: SuffixHistory | None = None,
+) -> Drafter:
     """Who drafts: the draft model (through text when `target`, the verifier's
-    vocabulary, is given), prompt lookup, or prompt lookup with the model behind."""
+    vocabulary, is given), a lookup (prompt lookup, or the suffix drafter over `history`,
+    the user's own), or a lookup with the model behind."""
     drafter = model if target is None else TranslatingDrafter(model, target)
     if settings.drafter == DrafterKind.model:
         return drafter
-    # Prompt lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
+    # A lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
     sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
-    ngram = NgramDrafter(n_vocab, sample_drafts=sampled)
-    return ngram if settings.drafter == DrafterKind.ngram else ModelWithNgram(ngram, drafter)
+    if settings.drafter in (DrafterKind.suffix, DrafterKind.model_suffix):
+        lookup: Drafter = SuffixDrafter(n_vocab, history, sample_drafts=sampled)
+    else:
+        lookup = NgramDrafter(n_vocab, sample_drafts=sampled)
+    return lookup if settings.drafter in LOOKUPS else ModelWithLookup(lookup, drafter)
+
+
+def user_history(settings: DrafterSettings) -> SuffixHistory | None:
+    """The suffix drafter's history for this process (None for other drafters)."""
+    if settings.drafter not in (DrafterKind.suffix, DrafterKind.model_suffix):
+        return None
+    return SuffixHistory(settings.history_tokens, path=settings.history_file)
 
 
 def draft_length(
@@ -167,7 +182,7 @@ def draft_length(
     through as they come, which paces the chunks of rounds without a draft (ChunkPace)."""
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
-    if settings.drafter == DrafterKind.ngram:
+    if settings.drafter in LOOKUPS:
         return DoublingLength(maximum=info.max_draft)
     if settings.sampling.seed is not None:
         # The length decides how many random draws a round takes on both sides, and the
@@ -183,10 +198,11 @@ def speculative_loop(
     settings: DrafterSettings,
     target: LlamaVocab | None = None,
     watched: bool = True,
+    history: SuffixHistory | None = None,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(settings))
     return SpeculativeLoop(
-        candidate_generator(model, settings, target),
+        candidate_generator(model, settings, target, history),
         client,
         draft_n=draft_length(settings, info, watched),
         n_ctx=info.n_ctx,
@@ -241,7 +257,8 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
             check_prompt_fits(target or model.runtime, request, info)
             # Text on a terminal is read as it comes; JSON only once it is whole.
             watched = settings.output == OutputFormat.text
-            loop = speculative_loop(model, client, info, settings, target, watched)
+            history = user_history(settings)
+            loop = speculative_loop(model, client, info, settings, target, watched, history)
             renderer.start((target or model).token_bytes)
             rounds = loop.run(request, settings.max_tokens)
             try:

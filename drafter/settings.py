@@ -25,6 +25,12 @@ class DrafterKind(StrEnum):
     model = "model"
     ngram = "ngram"
     model_ngram = "model+ngram"
+    suffix = "suffix"
+    model_suffix = "model+suffix"
+
+
+# Who drafts by looking text up, with no model of its own (drafter/ngram.py, suffix.py).
+LOOKUPS = frozenset({DrafterKind.ngram, DrafterKind.suffix})
 
 
 class OutputFormat(StrEnum):
@@ -114,8 +120,20 @@ class DrafterSettings(BaseSettings):
     )
     drafter: DrafterKind = Field(
         DrafterKind.model,
-        description="Who drafts: the draft model, prompt lookup (ngram, no model), or "
-        "lookup with the model behind it (model+ngram).",
+        description="Who drafts: the draft model, prompt lookup (ngram, no model), the "
+        "user's own history (suffix: this process's generations and --history-file, no "
+        "model), or either lookup with the model behind it (model+ngram, model+suffix).",
+    )
+    history_file: Path | None = Field(
+        None,
+        description="With the suffix drafter: a file of earlier generations' tokens, read "
+        "at start and each generation appended (JSON lines); none: this process's only.",
+    )
+    history_tokens: int = Field(
+        200_000,
+        ge=0,
+        description="With the suffix drafter: the most tokens of history kept, the oldest "
+        "generations dropped first.",
     )
     pipeline: bool | None = Field(
         None,
@@ -219,4 +237,4 @@ class DrafterSettings(BaseSettings):
         if self.pipeline is not None:
             return self.pipeline
         seeded_sampling = self.sampling.seed is not None and not self.sampling.greedy
-        return self.drafter != DrafterKind.ngram and not seeded_sampling
+        return self.drafter not in LOOKUPS and not seeded_sampling

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from drafter.candidates import CandidateGenerator, Draft
+from drafter.candidates import Draft, Drafter
 
 
 @dataclass
@@ -42,7 +42,7 @@ class SpeculationCounts:
 
 @dataclass
 class SpeculationCache:
-    drafter: CandidateGenerator
+    drafter: Drafter
     max_branches: int = 4
     clock: Callable[[], float] = time.perf_counter
     counts: SpeculationCounts = field(default_factory=SpeculationCounts)
@@ -69,11 +69,13 @@ class SpeculationCache:
         began = self.clock()
         self.counts.rounds += 1
         self._prepared = True
-        ranked = getattr(self.drafter, "likely_answers", None)
-        if ranked is None or self.max_branches <= 1:
+        ranked = None
+        if self.max_branches > 1:
+            ranked = self.drafter.likely_answers(committed, draft, self.max_branches)
+        if ranked is None:
             self._ahead_for_all_accepted(committed, draft, k, stop)
             return
-        self._ranked = list(ranked(committed, draft, self.max_branches))
+        self._ranked = list(ranked)
         for n, (accepted, token) in enumerate(self._ranked):
             spent = self.clock() - began
             if stop() or (n and spent + (k + 1) * token_s > wait_s):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
 from drafter.model import DraftModel
 from drafter.text import complete_text
 from server.shared.prefix import common_prefix_len
@@ -64,9 +64,11 @@ def cached_vocab_file(vocab_hash: str, fetch: Callable[[], bytes]) -> Path:
     return path
 
 
-class TranslatingDrafter:
-    """A CandidateGenerator over the verifier's ids, drafting with a model of another
-    vocabulary (`target`: the verifier's vocabulary)."""
+class TranslatingDrafter(Drafter):
+    """A drafter over the verifier's ids, drafting with a model of another vocabulary
+    (`target`: the verifier's vocabulary)."""
+
+    warms = True
 
     def __init__(self, model: DraftModel, target: LlamaVocab):
         self.model = model

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from drafter.candidates import Drafter
 from server.shared.protocol import PrefillRequest
 
 Warm = Callable[[PrefillRequest, Callable[[], bool]], None]
@@ -48,16 +49,15 @@ class Warming:
                 future.result()
 
     def catch_up(
-        self, drafter: object, committed: Sequence[int], stop: Callable[[], bool] | None = None
+        self, drafter: Drafter, committed: Sequence[int], stop: Callable[[], bool] | None = None
     ) -> bool:
         """The drafter evaluates the committed tokens its cache lacks, so that the next
         draft starts at once, until `stop()`; not while a warming that was not stopped
         still runs (the round must not wait for the whole prompt). Whether it holds them
         all now (a drafter without a cache always does)."""
-        catch_up = getattr(drafter, "catch_up", None)
-        if catch_up is None:
+        if not drafter.catches_up:
             return True
         if self._future is not None and not self._future.done() and not self._stop.is_set():
             return False
         self.wait()
-        return catch_up(committed, stop) is not False
+        return drafter.catch_up(committed, stop)

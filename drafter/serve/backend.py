@@ -23,6 +23,7 @@ from drafter.runner import (
     load_checked_drafter,
     load_verifier_vocab,
     speculative_loop,
+    user_history,
 )
 from drafter.serve.errors import PromptTooLong
 from drafter.serve.prompts import TextSide
@@ -79,6 +80,8 @@ class Generation:
 class SpeculativeBackend:
     def __init__(self, settings: DrafterSettings):
         self.settings = settings
+        # The suffix drafter's history: this process's requests, all under its one key.
+        self.history = user_history(settings)
         self.pool: SlotPool | None = None
         self.info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
@@ -222,8 +225,9 @@ class SpeculativeBackend:
         assert self.info is not None
         slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(
-            model, slot.client, self.info, settings, self.target, generation.watched
-        )
+            model, slot.client, self.info, settings, self.target, generation.watched,
+            self.history,
+        )  # fmt: skip
         if model.decodes_alone:
             model.reset()
         # Translated, the prompt's ids are the verifier's, not the cache's: not counted.

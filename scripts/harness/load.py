@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
 from drafter.client import VerifierClient
 from drafter.draft_length import FixedLength, LinkAwareLength
 from drafter.loop import SpeculativeLoop
@@ -60,7 +60,7 @@ class TimedClient(VerifierClient):
         return response
 
 
-class ReplayDrafter:
+class ReplayDrafter(Drafter):
     """Drafts the verifier's own continuation, one token in REPLAY_MISS made wrong
     (`misses`: which), spending `token_s` a draft token (asleep: a drafter on a machine of
     its own)."""

@@ -1,16 +1,13 @@
 """The draft length the verifier advises each session, from what a pass costs it.
 
-A round of k drafts costs the verifier k + 1 rows in a pass and, when the draft's tokens
-are accepted one after another with probability a, commits on average
-
-    E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
-
-tokens (Leviathan et al., 2023). What a pass of r rows costs, t(r), is learned as a curve:
-`PassCost` keeps the mean time of the passes of rounds it ran by size (recent passes
-weighted more), seeded with the startup probe's timings (a round of one row and of a few
-alone, and every sequence's round in one pass), and reads t(r) between them. The curve is
-not a line: on a CPU a pass of one row runs other kernels than a pass of dozens, so a row
-added to a large pass costs a fraction of a row alone; on a GPU t is nearly flat.
+A round of k drafts costs the verifier k + 1 rows in a pass and commits E(k) tokens on
+average at the session's acceptance a (server/shared/draft_gain.py). What a pass of r
+rows costs, t(r), is learned as a curve: `PassCost` keeps the mean time of the passes of
+rounds it ran by size (recent passes weighted more), seeded with the startup probe's
+timings (a round of one row and of a few alone, and every sequence's round in one pass),
+and reads t(r) between them. The curve is not a line: on a CPU a pass of one row runs
+other kernels than a pass of dozens, so a row added to a large pass costs a fraction of
+a row alone; on a GPU t is nearly flat.
 
 `sharing` is how many sessions the recent passes of rounds held (1 when the verifier is
 idle). The advice is the k with the most tokens per second of passes when each of those
@@ -32,12 +29,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-# Before any draft is seen: a = 0.75, as weak as one round.
-PRIOR_ACCEPTED = 3.0
-PRIOR_REJECTED = 1.0
-ACCEPTANCE_DECAY = 0.9  # each round, the weight left to the rounds before it
+from server.shared.draft_gain import Acceptance, expected_tokens
+
 POOL_DECAY = 0.99  # the same, for the acceptance of every session's rounds together
 PASS_DECAY = 0.98  # each pass, the weight left to the passes before it (about 50)
 # Lengths whose value is this near the best count as the best, and the shortest of them
@@ -57,38 +51,6 @@ MAX_FIXED_ROWS = 1024.0  # rows that cost nothing measurable: the fixed part is 
 SEED_WEIGHT = 4.0  # passes each of the probe's timings weighs as
 BUCKETS_PER_DOUBLING = 2  # passes of about the same size share a point of the curve
 MIN_WEIGHT = 0.5  # a point that has faded below this many passes is dropped
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """A session's per-token acceptance: accepted drafts against rejections, counted with
-    weights that favour recent rounds."""
-
-    accepted: float = PRIOR_ACCEPTED
-    rejected: float = PRIOR_REJECTED
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
-
-    def after(
-        self, drafted: int, accepted_prefix_len: int, decay: float = ACCEPTANCE_DECAY
-    ) -> Acceptance:
-        """The acceptance once a round of `drafted` tokens had `accepted_prefix_len` of
-        them accepted (a round without a draft tells nothing)."""
-        if drafted == 0:
-            return self
-        d = decay
-        return Acceptance(
-            d * self.accepted + accepted_prefix_len,
-            d * self.rejected + (accepted_prefix_len < drafted),
-        )
-
-
-def expected_tokens(acceptance: float, k: int) -> float:
-    """E(k): the tokens a round of k drafts commits on average."""
-    a = min(max(acceptance, 0.0), 0.999)
-    return (1 - a ** (k + 1)) / (1 - a)
 
 
 def advised_draft(

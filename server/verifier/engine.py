@@ -27,6 +27,7 @@ import numpy as np
 
 from server.shared import vocab
 from server.shared.constraint import Constraint
+from server.shared.draft_gain import Acceptance
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
@@ -40,7 +41,7 @@ from server.shared.protocol import (
 from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import PositionDraws, dense
 from server.verifier import invariance
-from server.verifier.advice import MAX_FIXED_ROWS, Acceptance, Advisor, PassCost
+from server.verifier.advice import MAX_FIXED_ROWS, Advisor, PassCost
 from server.verifier.checks import check_verify, resolve_strategy, round_key
 from server.verifier.decoder import PassDecoder, PassRecord
 from server.verifier.decoding_rules import decoding_rules, request_prompt_ids, verifier_grammars

@@ -14,9 +14,9 @@ import numpy as np
 
 from server.shared.acceptance import judge
 from server.shared.constraint import Constraint, GrammarError
+from server.shared.draft_gain import Acceptance
 from server.shared.penalties import adjusted_rows, token_logprobs
 from server.shared.protocol import RoundTimings, TokenLogprob, VerifyResponse
-from server.verifier.advice import Acceptance
 from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
 from server.verifier.jobs import VerifyWork
 from server.verifier.sessions import Session

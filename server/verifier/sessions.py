@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.shared.draft_gain import Acceptance
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
 from server.shared.sampling import PositionDraws
-from server.verifier.advice import Acceptance
 from server.verifier.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.verifier.eviction import Eviction
 from server.verifier.packing import Packing

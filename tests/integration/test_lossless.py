@@ -159,6 +159,8 @@ SPEED_CONFIGS = {
     "adaptive-sequential": ("auto", "--no-pipeline"),
     "ngram": ("8", "--drafter", "ngram"),
     "model+ngram": ("auto", "--drafter", "model+ngram"),
+    "suffix": ("auto", "--drafter", "suffix"),
+    "model+suffix": ("auto", "--drafter", "model+suffix"),
     "p-min": ("8", "--p-min", "0.5"),
 }
 SPEED_PROMPTS = [
@@ -178,7 +180,7 @@ def test_speed_features_keep_the_output_identical(
     assert out["tokens"] == expected[name][1] == expected[name][2]
     stats = out["stats"]
     assert stats["generated_tokens"] == committed_by_rounds(stats)
-    if "--no-pipeline" in extra or "ngram" in extra:
+    if "--no-pipeline" in extra or "ngram" in extra or "suffix" in extra:
         assert stats["reused_drafts"] == 0
 
 
@@ -190,6 +192,26 @@ def test_pipelining_reuses_the_drafts_made_while_a_round_was_out(live_verifier, 
     assert out["tokens"] == reference.greedy(out["prompt_ids"], 48)
     assert out["stats"]["reused_drafts"] > 0
     assert out["stats"]["acceptance_rate"] > 0.5
+
+
+def test_the_suffix_drafter_drafts_a_repeated_request_from_the_users_history(
+    live_verifier, reference, tmp_path
+):
+    """The second time a request comes, its whole answer is in the history file the first
+    one left: most of it is drafted and accepted, and the output is the verifier's."""
+    history = tmp_path / "history.jsonl"
+    prompt = "Write a haiku about the sea."
+    runs = [
+        run_cli(live_verifier.url, prompt, True, "auto", 40, "--drafter", "suffix",
+                "--history-file", str(history))
+        for _ in range(2)
+    ]  # fmt: skip
+    for out in runs:
+        assert out["tokens"] == reference.greedy(out["prompt_ids"], 40)
+    first, second = (out["stats"] for out in runs)
+    assert history.read_text().count("\n") == 2  # each generation appended
+    assert second["accepted"] > first["accepted"]
+    assert second["rounds"] < first["rounds"]
 
 
 def test_some_prompts_end_with_eos_and_others_run_to_max_tokens(expected, eog_ids):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from server.shared.draft_gain import Acceptance, expected_tokens
 from server.verifier.advice import (
     MAX_FIXED_ROWS,
-    Acceptance,
     Advisor,
     PassCost,
     advised_draft,
-    expected_tokens,
     line_seconds,
 )
 

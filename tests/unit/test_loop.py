@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
 from drafter.chunk_pace import CHUNK_S_FIRST
 from drafter.draft_length import FixedLength, LinkAwareLength
 from drafter.errors import VerifierRejected
@@ -87,7 +87,7 @@ class FakeVerifier:
         self.deleted.append(session_id)
 
 
-class NoisyDrafter:
+class NoisyDrafter(Drafter):
     """Proposes the target's tokens but gets every `wrong_every`-th draft wrong."""
 
     def __init__(self, verifier: FakeVerifier, wrong_every: int):
@@ -386,6 +386,8 @@ def test_the_link_aware_length_learns_from_the_rounds_it_measures():
 class WarmedDrafter(NoisyDrafter):
     """Records when `warm` ran relative to the prefill and the first draft."""
 
+    warms = True
+
     def __init__(self, verifier: FakeVerifier, fail: bool = False):
         super().__init__(verifier, wrong_every=3)
         self.fail = fail
@@ -459,6 +461,8 @@ class ChunkingVerifier(FakeVerifier):
 class LazyDrafter(NoisyDrafter):
     """Records every use of the draft model: warming (until the loop stops it), catching
     up, drafting. `caught_up`: what its catch-ups answer, in turn (then True)."""
+
+    warms = catches_up = True
 
     def __init__(
         self,

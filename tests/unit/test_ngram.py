@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from drafter.ngram import ModelWithNgram, NgramDrafter, lookup
+from drafter.candidates import Drafter
+from drafter.ngram import ModelWithLookup, NgramDrafter, lookup
 
 
 def test_the_tokens_after_the_earlier_occurrence_of_the_suffix():
@@ -44,7 +45,7 @@ def test_sampled_drafts_send_a_point_mass():
     assert NgramDrafter(50).get_candidates([4, 5, 6, 4, 5], 2).probs is None
 
 
-class CountingModel:
+class CountingModel(Drafter):
     def __init__(self):
         self.calls = 0
 
@@ -55,7 +56,7 @@ class CountingModel:
 
 def test_model_with_ngram_asks_the_model_only_without_a_match():
     model = CountingModel()
-    both = ModelWithNgram(NgramDrafter(10), model)
+    both = ModelWithLookup(NgramDrafter(10), model)
     assert both.get_candidates([1, 2, 5, 1, 2], 2).tokens == [5, 1]
     assert model.calls == 0
     assert both.get_candidates([1, 2, 3, 4], 2).tokens == [3, 3]

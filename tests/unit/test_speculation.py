@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from drafter.candidates import Draft
+from drafter.candidates import Draft, Drafter
 from drafter.loop import SpeculativeLoop
 from drafter.speculation import SpeculationCache
 from tests.unit.test_loop import FakeVerifier, GatedVerifier, NoisyDrafter, run, target_alone
@@ -76,7 +76,7 @@ def test_when_it_was_not_the_round_is_drafted_as_usual_and_the_output_is_the_sam
     assert result.stats.answer_ranks == {}
 
 
-class SampledDrafter:
+class SampledDrafter(Drafter):
     """Drafts sampled tokens with their q rows, from a seeded stream."""
 
     def __init__(self, n_vocab: int = 8):
@@ -195,7 +195,8 @@ def test_only_the_round_drafted_for_is_looked_up():
 
 def test_a_drafter_that_cannot_rank_drafts_for_one_answer_and_ranks_only_it():
     class Unranked(SampledDrafter):
-        likely_answers = None
+        def likely_answers(self, committed, draft, limit):
+            return None  # as every drafter that does not declare it
 
     cache = SpeculationCache(Unranked(), max_branches=4)
     cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)

@@ -1,0 +1,245 @@
+"""Drafts from the user's own history: the text this generation and the user's earlier ones
+already hold, as SuffixDecoding drafts (Oliaro et al., 2024) and unlike prompt lookup,
+which sees one request.
+
+The longest suffix of the committed tokens (`min_match` to `max_match` tokens) is looked
+up in this generation's text and in the history (earlier prompts and outputs, kept on
+the drafter's own machine); its occurrences vote on what follows. The draft is one chain:
+at each step the token that continued most of the occurrences still agreeing with the
+draft, its share of them the step's probability, the chain ending where the product of
+those falls below `min_score`, or past `match_factor` times the match's length (a long
+match earns a long draft), or at k.
+
+Occurrences are found through an index of every `min_match` tokens of the texts, the
+latest first, and extended backwards token by token; at most `max_candidates` are
+weighed. Ties go to the latest occurrence: this generation before the history, the newest
+text before older ones, a later position before an earlier one.
+
+The history holds at most `max_tokens` tokens; a text added past that evicts the oldest
+texts whole (and a text longer than the bound keeps its last `max_tokens`). It belongs to
+one user: the CLI's process (and a history file only where one is named), `serve`'s
+key. Pure but for its lock: no model, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from drafter.candidates import Draft, Drafter
+
+DEFAULT_HISTORY_TOKENS = 200_000
+MIN_MATCH = 3
+MAX_MATCH = 32
+MIN_SCORE = 0.3
+MATCH_FACTOR = 2.0
+MAX_CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class SuffixRules:
+    min_match: int = MIN_MATCH
+    max_match: int = MAX_MATCH
+    min_score: float = MIN_SCORE
+    match_factor: float = MATCH_FACTOR
+    max_candidates: int = MAX_CANDIDATES
+
+
+class TextIndex:
+    """Texts and where each `n` tokens occur in them: (text id, the position after them)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.texts: OrderedDict[int, list[int]] = OrderedDict()
+        self._at: defaultdict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)
+        self._next_id = 0
+        self.n_tokens = 0
+        self._dead = 0  # entries of evicted texts still in the index
+
+    def add(self, tokens: Sequence[int]) -> int:
+        text_id, self._next_id = self._next_id, self._next_id + 1
+        self.texts[text_id] = list(tokens)
+        self.n_tokens += len(tokens)
+        self.extend(text_id, 0)
+        return text_id
+
+    def extend(self, text_id: int, indexed: int) -> None:
+        """Index the text's positions past `indexed` tokens (a text that grew)."""
+        text, n = self.texts[text_id], self.n
+        for end in range(max(n, indexed + 1), len(text) + 1):
+            self._at[tuple(text[end - n : end])].append((text_id, end))
+
+    def drop_oldest(self) -> None:
+        _, text = self.texts.popitem(last=False)
+        self.n_tokens -= len(text)
+        self._dead += max(0, len(text) - self.n + 1)
+        if self._dead > self.n_tokens:  # most of the index is dead: rebuild it
+            self._at.clear()
+            self._dead = 0
+            for text_id in self.texts:
+                self.extend(text_id, 0)
+
+    def occurrences(self, key: tuple[int, ...]) -> Iterator[tuple[list[int], int]]:
+        """(text, end) of each occurrence of `key`, the newest text first, the latest
+        position first."""
+        for text_id, end in reversed(self._at.get(key, ())):
+            text = self.texts.get(text_id)
+            if text is not None:
+                yield text, end
+
+
+class SuffixHistory:
+    """One user's earlier texts (prompt and output of each generation), bounded in tokens.
+    Thread-safe: generations of one `serve` key share it. With `path`, read from it at
+    start and each text appended to it (JSON lines: a list of token ids a line)."""
+
+    def __init__(
+        self, max_tokens: int = DEFAULT_HISTORY_TOKENS, min_match: int = MIN_MATCH,
+        path: Path | None = None,
+    ):  # fmt: skip
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        self.max_tokens = max_tokens
+        self.index = TextIndex(min_match)
+        self.path = path
+        self.lock = threading.Lock()
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    self._add(json.loads(line))
+
+    def add(self, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
+        with self.lock:
+            self._add(tokens)
+            if self.path is not None and tokens:
+                with self.path.open("a") as out:
+                    out.write(json.dumps(tokens) + "\n")
+
+    def _add(self, tokens: list[int]) -> None:
+        tokens = tokens[len(tokens) - self.max_tokens :] if self.max_tokens else []
+        if not tokens:
+            return
+        while self.index.texts and self.index.n_tokens + len(tokens) > self.max_tokens:
+            self.index.drop_oldest()
+        self.index.add(tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.index.n_tokens
+
+
+def suffix_chain(
+    context: Sequence[int],
+    sources: Sequence[Callable[[tuple[int, ...]], Iterator[tuple[Sequence[int], int]]]],
+    k: int,
+    rules: SuffixRules = SuffixRules(),
+) -> list[int]:
+    """The draft for `context`: `sources` give the occurrences of a key, most recent first
+    (the live text's first)."""
+    n = rules.min_match
+    if k <= 0 or len(context) < n:
+        return []
+    key = tuple(context[-n:])
+    found: list[tuple[Sequence[int], int]] = []
+    best = 0
+    weighed = 0
+    for source in sources:
+        for text, end in source(key):
+            if end >= len(text):
+                continue  # nothing follows it
+            weighed += 1
+            if weighed > rules.max_candidates:
+                break
+            length = n
+            while (
+                length < rules.max_match
+                and length < end
+                and length < len(context)
+                and text[end - length - 1] == context[-length - 1]
+            ):
+                length += 1
+            if length > best:
+                best, found = length, [(text, end)]
+            elif length == best:
+                found.append((text, end))
+        if weighed > rules.max_candidates:
+            break
+    if not found:
+        return []
+    limit = min(k, max(1, int(rules.match_factor * best)))
+    draft: list[int] = []
+    score = 1.0
+    while found and len(draft) < limit:
+        step = len(draft)
+        counts: dict[int, int] = {}
+        for text, end in found:  # in recency order: the first seen wins a tie
+            if end + step < len(text):
+                token = text[end + step]
+                counts[token] = counts.get(token, 0) + 1
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)
+        score *= counts[token] / sum(counts.values())
+        if score < rules.min_score:
+            break
+        draft.append(token)
+        found = [(t, e) for t, e in found if e + step < len(t) and t[e + step] == token]
+    return draft
+
+
+class SuffixDrafter(Drafter):
+    """Drafts from this generation's text and its user's history (`SuffixHistory`), which
+    it adds the generation to when it ends. With sampled drafts the proposal is a point
+    mass on each token (q = 1), as prompt lookup's."""
+
+    def __init__(
+        self,
+        n_vocab: int,
+        history: SuffixHistory | None = None,
+        *,
+        sample_drafts: bool = False,
+        rules: SuffixRules = SuffixRules(),
+    ):
+        self.n_vocab = n_vocab
+        self.history = history if history is not None else SuffixHistory(0, rules.min_match)
+        self.sample_drafts = sample_drafts
+        self.rules = rules
+        self._live = TextIndex(rules.min_match)
+        self._live_id = self._live.add([])
+
+    def get_candidates(
+        self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
+    ) -> Draft:
+        self._follow(committed)
+        sources = [self._live.occurrences, self.history.index.occurrences]
+        with self.history.lock:
+            tokens = suffix_chain(committed, sources, k, self.rules)
+        return Draft(tokens, [self._point_mass(t) for t in tokens] if self.sample_drafts else None)
+
+    def finish(self, text: Sequence[int]) -> None:
+        self.history.add(text)
+        self._live = TextIndex(self.rules.min_match)
+        self._live_id = self._live.add([])
+
+    def _follow(self, committed: Sequence[int]) -> None:
+        """The live text becomes `committed`: extended where it grew, else rebuilt."""
+        live = self._live.texts[self._live_id]
+        held = len(live)
+        if len(committed) >= held and list(committed[:held]) == live:
+            live.extend(committed[held:])
+            self._live.extend(self._live_id, held)
+        else:
+            self._live = TextIndex(self.rules.min_match)
+            self._live_id = self._live.add(committed)
+
+    def _point_mass(self, token: int) -> np.ndarray:
+        q = np.zeros(self.n_vocab, dtype=np.float32)
+        q[token] = 1.0
+        return q
