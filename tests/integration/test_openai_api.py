@@ -686,3 +686,22 @@ def test_logprobs_under_a_grammar_list_only_the_tokens_it_allows(local_api):
     assert all(t.logprob > float("-inf") for c in content for t in c.top_logprobs)
     if result.finish_reason == "stop":
         assert len(content[-1].top_logprobs) < 5  # the end: only the end-of-turn tokens
+
+
+def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier):
+    """`--drafter suffix`: a request's text joins serve's history when it ends, so the
+    same question again is drafted from the first answer; both are the verifier's own."""
+    prompt = "List the planets of the solar system, one per line:\n"
+    api = LocalAPI(live_verifier.url, "--drafter", "suffix")
+    try:
+        client = api.client()
+        answers = [
+            client.completions.create(model="any", prompt=prompt, max_tokens=32, temperature=0)
+            for _ in range(2)
+        ]
+    finally:
+        api.stop()
+    alone = verifier_text(live_verifier, prompt, 32)
+    assert [a.choices[0].text for a in answers] == [alone, alone]
+    first, second = (a.model_extra["speculative"] for a in answers)
+    assert second["accepted"] > first["accepted"] and second["rounds"] < first["rounds"]
