@@ -18,11 +18,14 @@ Systems (--systems):
 - `verifier`: the verifier alone, decoding on its own (POST /generate, the prompt rendered
   with the model's chat template as `serve` renders it); no drafting, no HTTP per token;
 - `default`: `serve` as installed; `ngram`: `serve --drafter ngram` (prompt lookup);
-  `model+ngram`: `serve --drafter model+ngram`; `k4`: `serve --draft-n 4` (the draft model,
-  a fixed four tokens a round); `k0`: `serve --draft-n 0` (no drafting asked for);
+  `model+ngram`: `serve --drafter model+ngram`; `suffix`, `model+suffix`: the suffix
+  drafter over the history of the run's earlier questions (one `serve` answers them all);
+  `k4`: `serve --draft-n 4` (the draft model, a fixed four tokens a round); `k0`:
+  `serve --draft-n 0` (no drafting asked for);
 - with --llama-server: `llama` (plain decoding), `llama-md` (`-md` with the draft model and
   `--spec-type draft-simple`: `-md` alone loads the model and drafts nothing in this
-  llama.cpp), `llama-ngram` (`--spec-type ngram-simple`). llama-server renders its chat
+  llama.cpp), `llama-ngram` (`--spec-type ngram-simple`), `llama-ngram-mod`,
+  `llama-ngram-cache` (`--spec-type ngram-mod`, `ngram-cache`). llama-server renders its chat
   template with Jinja by default (SmolLM2's adds a system prompt ours has not: compare
   tokens per second, not texts); `--llama-args=--no-jinja` makes it render as ours does.
 
@@ -90,6 +93,9 @@ OURS = (
     System("default", "ours, default", "serve"),
     System("ngram", "ours, ngram", "serve", ("--drafter", "ngram")),
     System("model+ngram", "ours, model+ngram", "serve", ("--drafter", "model+ngram")),
+    # One `serve` answers every question of a run: its history is the user's earlier ones.
+    System("suffix", "ours, suffix", "serve", ("--drafter", "suffix")),
+    System("model+suffix", "ours, model+suffix", "serve", ("--drafter", "model+suffix")),
     System("k4", "ours, k=4", "serve", ("--draft-n", "4")),
     System("k0", "ours, k=0", "serve", ("--draft-n", "0")),
 )
@@ -104,6 +110,10 @@ LLAMA = (
         ("-md", "{drafter}", "--spec-type", "draft-simple", "-td", "1", "-tbd", "1"),
     ),
     System("llama-ngram", "llama-server ngram-simple", "llama", ("--spec-type", "ngram-simple")),
+    System("llama-ngram-mod", "llama-server ngram-mod", "llama", ("--spec-type", "ngram-mod")),
+    System(
+        "llama-ngram-cache", "llama-server ngram-cache", "llama", ("--spec-type", "ngram-cache")
+    ),
 )
 SYSTEMS = {s.name: s for s in OURS + LLAMA}
 DEFAULT_SYSTEMS = "verifier,default,ngram,model+ngram,k4"
