@@ -167,8 +167,8 @@ class SpeculativeLoop:
             stats.bytes_received = self.verifier.bytes_received - received0
             if self.speculation is not None:
                 stats.add_speculation(self.speculation.counts)
-            self.drafter.finish([*self.result.prompt_ids, *self.result.tokens])
             self.sessions.close(session[0])
+            self.drafter.finish([*self.result.prompt_ids, *self.result.tokens])
 
     def _opened(self, opened: PrefillResponse, prefill_s: float) -> None:
         result, stats = self.result, self.result.stats

@@ -80,13 +80,18 @@ class NgramDrafter(Drafter):
 
 class ModelWithLookup(Drafter):
     """A lookup's drafts (prompt lookup, or the suffix drafter over the user's history)
-    where the text so far has a match, the draft model's otherwise; every other hook is
-    both's (the lookup's are its defaults but `finish`)."""
+    where the text so far has a match, the draft model's otherwise. The model warms and
+    catches up (a round without a draft is its time to, whoever drafts next) and follows
+    the verifier's rules; both learn from a finished generation. Answers are not ranked:
+    the model's ranking would be of drafts it did not make, and a lookup's next draft
+    costs nothing to make when its answer comes."""
+
+    catches_up = True
 
     def __init__(self, lookup: Drafter, model: Drafter):
         self.lookup = lookup
         self.model = model
-        self.warms, self.catches_up = model.warms, model.catches_up
+        self.warms = model.warms
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None
@@ -110,7 +115,7 @@ class ModelWithLookup(Drafter):
     def likely_answers(
         self, committed: Sequence[int], draft: Sequence[int], limit: int
     ) -> list[tuple[int, int]] | None:
-        return self.model.likely_answers(committed, draft, limit)
+        return None
 
     def finish(self, text: Sequence[int]) -> None:
         self.lookup.finish(text)

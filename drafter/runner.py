@@ -171,7 +171,10 @@ def user_history(settings: DrafterSettings) -> SuffixHistory | None:
     """The suffix drafter's history for this process (None for other drafters)."""
     if settings.drafter not in (DrafterKind.suffix, DrafterKind.model_suffix):
         return None
-    return SuffixHistory(settings.history_tokens, path=settings.history_file)
+    try:
+        return SuffixHistory(settings.history_tokens, path=settings.history_file)
+    except OSError as exc:
+        raise DrafterError(f"--history-file {settings.history_file}: {exc}") from None
 
 
 def draft_length(

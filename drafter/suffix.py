@@ -24,6 +24,7 @@ key. Pure but for its lock: no model, no clock.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +41,8 @@ MAX_MATCH = 32
 MIN_SCORE = 0.3
 MATCH_FACTOR = 2.0
 MAX_CANDIDATES = 256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,18 +112,33 @@ class SuffixHistory:
         self.index = TextIndex(min_match)
         self.path = path
         self.lock = threading.Lock()
-        if path is not None and path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    self._add(json.loads(line))
+        self._file_lock = threading.Lock()  # one generation's line written at a time
+        if path is not None:
+            path.touch()  # an OSError now, at start, rather than after a generation
+            text = path.read_text(errors="replace")
+            if text and not text.endswith("\n"):  # cut short: the next line starts anew
+                with path.open("a") as out:
+                    out.write("\n")
+            skipped = 0
+            for line in text.splitlines():
+                tokens = _tokens(line)
+                if tokens is None:
+                    skipped += line.strip() != ""
+                else:
+                    self._add(tokens)
+            if skipped:  # a line cut short by a killed process: the rest is still good
+                log.warning("history file %s: %d unreadable line(s) skipped", path, skipped)
 
     def add(self, tokens: Sequence[int]) -> None:
         tokens = list(tokens)
         with self.lock:
             self._add(tokens)
-            if self.path is not None and tokens:
-                with self.path.open("a") as out:
+        if self.path is not None and tokens:
+            try:
+                with self._file_lock, self.path.open("a") as out:
                     out.write(json.dumps(tokens) + "\n")
+            except OSError as exc:  # kept in memory still; the file misses this text
+                log.warning("history file %s: %s", self.path, exc)
 
     def _add(self, tokens: list[int]) -> None:
         tokens = tokens[len(tokens) - self.max_tokens :] if self.max_tokens else []
@@ -133,6 +151,16 @@ class SuffixHistory:
     @property
     def n_tokens(self) -> int:
         return self.index.n_tokens
+
+
+def _tokens(line: str) -> list[int] | None:
+    try:
+        tokens = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        return None
+    return tokens
 
 
 def suffix_chain(
@@ -232,7 +260,10 @@ class SuffixDrafter(Drafter):
         """The live text becomes `committed`: extended where it grew, else rebuilt."""
         live = self._live.texts[self._live_id]
         held = len(live)
-        if len(committed) >= held and list(committed[:held]) == live:
+        # Rounds only add to the committed tokens: their first and last held ones tell.
+        if len(committed) >= held and (
+            held == 0 or (committed[0] == live[0] and committed[held - 1] == live[-1])
+        ):
             live.extend(committed[held:])
             self._live.extend(self._live_id, held)
         else:

@@ -238,6 +238,8 @@ def peer(report: Report, model: Path, args) -> None:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    raise RuntimeError(f"llama-server ended at start ({process.returncode})")
                 try:
                     if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                         break

@@ -47,9 +47,13 @@ rm -rf "$KIT/llama_cpp/server"
 
 say "wheels for Python 3.12, x86-64 (the versions installed here)"
 rm -rf "$KIT/wheels" && mkdir -p "$KIT/wheels"
+# Every package the verifier, the drafter's harness and the scripts import, with what they
+# need, but numpy (PyTorch's machines have it): checked as a closure below.
 packages=(pydantic pydantic_core pydantic-settings annotated-types typing-inspection
     typing_extensions python-dotenv fastapi starlette annotated-doc anyio uvicorn llguidance
-    lark gguf diskcache)
+    lark gguf diskcache opentelemetry-api click h11 prometheus_client httpx httpcore certifi
+    idna urllib3 PyYAML requests charset_normalizer tqdm jinja2 MarkupSafe typer rich
+    shellingham markdown-it-py mdurl pygments sniffio)
 pins=()
 for name in "${packages[@]}"; do
     pins+=("$name==$("$PYTHON" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")")
@@ -59,6 +63,9 @@ done
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 \
     -d "$KIT/wheels" "${pins[@]}"
+
+say "checking that the wheels need nothing else (but numpy) on Python 3.12"
+"$PYTHON" scripts/gpu/check_wheels.py "$KIT/wheels" --present numpy
 
 say "the default verifier's vocabulary"
 "$PYTHON" - "$KIT/vocab.gguf" <<'EOF'

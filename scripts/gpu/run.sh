@@ -22,15 +22,23 @@ SHAPES=${SHAPES:-llama-1b}
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 say() { echo "[gpu] $(date +%T) $*"; }
+# A step's log is under build/gpu, which does not come back from a lent machine: its end
+# is printed where the step fails.
+logged() {
+    local log=$1
+    shift
+    "$@" >"$log" 2>&1 || { echo "[gpu] failed: $*" >&2; tail -n 60 "$log" >&2; return 1; }
+}
 
 [ -f "$KIT/llama.cpp.tar.xz" ] || { echo "[gpu] no $KIT/: run scripts/gpu/prepare_kit.sh first" >&2; exit 1; }
 mkdir -p "$B" "$OUT"
 export PYTHONPATH="$PWD/$B/site:$PWD/$KIT:$PWD"
-export LLAMA_CPP_LIB_PATH="${LIB:-$PWD/$B/lib}"
+KIND=$([ -n "${CPU:-}" ] && echo cpu || echo cuda)  # each build in folders of its own
+export LLAMA_CPP_LIB_PATH="${LIB:-$PWD/$B/lib-$KIND}"
 export PYTHONUNBUFFERED=1
 
 configure() {
-    [ -f "$B/cmake/build.ninja" ] && return
+    [ -f "$B/cmake-$KIND/build.ninja" ] && return
     if [ ! -f "$B/llama.cpp/CMakeLists.txt" ]; then
         mkdir -p "$B/llama.cpp"
         tar -xJf "$KIT/llama.cpp.tar.xz" -C "$B/llama.cpp"
@@ -38,11 +46,11 @@ configure() {
     local backend=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=native)
     [ -n "${CPU:-}" ] && backend=()
     say "configuring llama.cpp ($([ -n "${CPU:-}" ] && echo CPU || echo CUDA))"
-    cmake -S "$B/llama.cpp" -B "$B/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    logged "$B/configure.log" cmake -S "$B/llama.cpp" -B "$B/cmake-$KIND" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON "${backend[@]}" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF >"$B/configure.log"
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF
 }
 
 build() {
@@ -51,16 +59,19 @@ build() {
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$B/site" "$KIT"/wheels/*.whl
     fi
-    if [ -z "${LIB:-}" ] && [ ! -f "$B/lib/libllama.so" ]; then
+    if [ -z "${LIB:-}" ] && [ ! -f "$B/lib-$KIND/libllama.so" ]; then
         configure
         say "building libllama with $JOBS jobs (log: $B/build.log)"
-        cmake --build "$B/cmake" --target llama -j "$JOBS" >"$B/build.log"
-        mkdir -p "$B/lib"
-        cp -P "$B"/cmake/bin/lib*.so* "$B/lib/"
-        say "built: $(ls "$B/lib" | tr '\n' ' ')"
+        logged "$B/build.log" cmake --build "$B/cmake-$KIND" --target llama -j "$JOBS"
+        mkdir -p "$B/lib-$KIND"
+        cp -P "$B"/cmake-$KIND/bin/lib*.so* "$B/lib-$KIND/"
+        say "built: $(ls "$B/lib-$KIND" | tr '\n' ' ')"
     fi
-    "$PYTHON" -c 'import llama_cpp, sys; print("[gpu] llama_cpp", llama_cpp.__version__,
-        "gpu offload:", bool(llama_cpp.llama_supports_gpu_offload()))'
+    # A library built for the CPU (a rehearsal's, carried along) must not be measured as
+    # the GPU's.
+    "$PYTHON" -c 'import llama_cpp, sys; offload = bool(llama_cpp.llama_supports_gpu_offload())
+print("[gpu] llama_cpp", llama_cpp.__version__, "gpu offload:", offload)
+sys.exit(0 if offload or sys.argv[1] else "[gpu] '"$LLAMA_CPP_LIB_PATH"' has no GPU offload: remove it, or CPU=1")' "${CPU:-}"
     for shape in $SHAPES; do
         if [ ! -f "$B/models/$shape.gguf" ]; then
             "$PYTHON" scripts/gpu/make_model.py --vocab "$KIT/vocab.gguf" --shape "$shape" \
@@ -70,19 +81,19 @@ build() {
 }
 
 server() {
-    [ -x "$B/bin/llama-server" ] && return
+    [ -x "$B/bin-$KIND/llama-server" ] && return
     configure
     say "building llama-server with $JOBS jobs (log: $B/server.log)"
-    cmake --build "$B/cmake" --target llama-server -j "$JOBS" >"$B/server.log"
-    mkdir -p "$B/bin"
-    cp "$B/cmake/bin/llama-server" "$B/bin/"
+    logged "$B/server.log" cmake --build "$B/cmake-$KIND" --target llama-server -j "$JOBS"
+    mkdir -p "$B/bin-$KIND"
+    cp "$B/cmake-$KIND/bin/llama-server" "$B/bin-$KIND/"
 }
 
 measure() {
     local models=()
     for shape in $SHAPES; do models+=(--model "$B/models/$shape.gguf"); done
     local peer=()
-    [ -x "$B/bin/llama-server" ] && peer=(--llama-server "$B/bin/llama-server")
+    [ -x "$B/bin-$KIND/llama-server" ] && peer=(--llama-server "$B/bin-$KIND/llama-server")
     "$PYTHON" scripts/gpu/measure.py "${models[@]}" "${peer[@]}" --out "$OUT" "$@"
 }
 

@@ -291,7 +291,8 @@ class Grammars:
         before, began = allocated_bytes(), time.perf_counter()
         try:
             grammar = compile_grammar(kind, source)
-            if (reason := never_ends(kind, grammar, _schema(source))) is not None:
+            schema = _schema(source) if kind == "json_schema" else None
+            if (reason := never_ends(kind, grammar, schema)) is not None:
                 return None, reason, False
             matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
             if matcher.is_error():
@@ -335,7 +336,7 @@ def _schema(source: str | dict[str, Any]) -> Any:
         return source
     try:
         return json.loads(source)
-    except ValueError:
+    except (ValueError, RecursionError):  # llguidance refuses it, or nests past json's reach
         return None
 
 

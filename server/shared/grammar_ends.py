@@ -15,12 +15,15 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from lark import Tree
+from lark.grammar import NonTerminal
 from lark.load_grammar import GrammarBuilder
 
 NEVER_ENDS = "the grammar can never end: every way through it refers back to itself"
 _HEADER = re.compile(r"\A%llguidance \{[^\n]*\}\s*")  # what llguidance's GBNF conversion adds
 # The empty string, which Lark refuses as a terminal: as productive as any other terminal.
 _EMPTY = re.compile(r'(?<![\\"])""(?!")')
+_IMPORT = re.compile(r"^\s*%import", re.MULTILINE)
 
 
 def never_ends(kind: str, grammar: str, schema: Any = None) -> str | None:
@@ -66,27 +69,58 @@ class _Gates:
 
 
 def _lark_productive(text: str) -> bool | None:
+    """From the rules as Lark parses them, not as it compiles them: compiling multiplies
+    out every optional and alternative (exponential in their nesting)."""
+    if _IMPORT.search(text):
+        return None  # `%import` would read files of the server's: never followed
     try:
         builder = GrammarBuilder()
         builder.load_grammar(text)
-        _, rules, _ = builder.build().compile(["start"], ())
+        definitions = builder._definitions
     except Exception:  # a syntax Lark does not read (or any failure of it): llguidance decides
         return None
-    gates, names = _Gates(), {}
-    for rule in rules:  # a rule's name holds once one of its expansions does
-        if rule.origin.name not in names:
-            names[rule.origin.name] = gates.new("any", 1)
-    for rule in rules:
-        needed = [names[s.name] for s in rule.expansion if not s.is_term and s.name in names]
-        expansion = gates.new("all", len(needed))
-        gates.link(expansion, needed)
-        gates.link(names[rule.origin.name], [expansion])
-    return "start" not in names or names["start"] in gates.holding()
+    rules = {n: d for n, d in definitions.items() if not d.is_term}
+    if "start" not in rules or any(d.params for d in rules.values()):
+        return None  # no start, or templates: not this check's to read
+    gates = _Gates()
+    always = gates.new("all", 0)
+    names = {name: gates.new("any", 1) for name in rules}
+    try:
+        for name, definition in rules.items():
+            gates.link(names[name], [_lark_gate(definition.tree, gates, names, always)])
+    except RecursionError:
+        return None
+    return names["start"] in gates.holding()
+
+
+def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> int:
+    """The gate of a part of a rule: alternatives hold once one does, a sequence once all
+    do; `x?`, `x*`, `[x]` and `x ~ 0..n` always hold, `x+` and `x ~ n..m` once x does; a
+    terminal always holds."""
+    if isinstance(tree, NonTerminal):
+        return names.get(tree.name, always)
+    if not isinstance(tree, Tree):
+        return always
+    kind, children = tree.data, tree.children
+    if kind in ("expansions", "expansion", "alias"):
+        parts = [_lark_gate(c, gates, names, always) for c in children if not isinstance(c, str)]
+        if kind == "alias":
+            parts = parts[:1]
+        gate = gates.new("any" if kind == "expansions" else "all", len(parts))
+        gates.link(gate, parts)
+        return gate
+    if kind == "expr":
+        op = str(children[1]) if len(children) > 1 else ""
+        optional = op in ("?", "*") or (op == "~" and str(children[2]) == "0")
+        return always if optional else _lark_gate(children[0], gates, names, always)
+    if kind == "value" and children:
+        return _lark_gate(children[0], gates, names, always)
+    return always  # a literal, a terminal, `[x]`, a template's use
 
 
 def _schema_productive(schema: Any) -> bool | None:
-    if not isinstance(schema, dict):
-        return None
+    if not isinstance(schema, dict) or _nested_ids(schema):
+        return None  # a `$id` inside changes what its pointers mean: not this check's to read
     walk = _SchemaWalk(schema)
     return walk.root in walk.gates.holding()
 
@@ -159,10 +193,24 @@ def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
 
+def _nested_ids(schema: dict) -> bool:
+    """Whether an object below the root has an `$id` (walked without recursion)."""
+    stack: list[Any] = list(schema.values())
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "$id" in node:
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _resolve(root: dict, ref: Any) -> Any:
-    """A local `$ref`'s schema (True, which holds, where it is not one: llguidance resolves
-    or refuses it)."""
-    if not isinstance(ref, str) or not ref.startswith("#"):
+    """A `$ref` that is a JSON pointer into the schema (`#`, `#/...`); True, which holds,
+    for any other (an anchor, another document: llguidance resolves or refuses it)."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
         return True
     node: Any = root
     for part in ref[1:].split("/")[1:] if ref != "#" else []:

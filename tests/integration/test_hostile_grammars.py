@@ -253,3 +253,14 @@ def test_grammars_that_can_never_end_are_refused_at_prefill(two_keys):
         answer = prefill(client, MALLORY, {"kind": "json_schema", "source": linked})
         assert answer.status_code == 200, answer.text
         client.delete(f"/sessions/{answer.json()['session_id']}", headers=auth(MALLORY))
+
+
+def test_a_grammar_nested_past_what_json_reads_is_refused_not_an_error(vocab):
+    shelf = grammars(vocab)
+    for kind, source in (
+        ("regex", "[" * 3000),
+        ("lark", "[" * 3000),
+        ("json_schema", '{"a":' * 3000),
+    ):
+        with pytest.raises(GrammarError):
+            shelf.constraint(kind, source)

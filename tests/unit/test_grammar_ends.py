@@ -84,6 +84,10 @@ def test_a_schema_never_ends_exactly_when_its_root_is_unproductive(rules):
         ("json_schema", {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
         ("json_schema", {"type": "array", "items": {"$ref": "#"}, "minItems": 1}),
         ("json_schema", {"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}),
+        ("lark", 'start: x\nx: "" x'),
+        ("lark", 'start: x\nx: "a" x+'),
+        ("lark", 'start: x\nx: ("a" x) ~ 2'),
+        ("lark", 'start: x\nx: "a" x -> named\n  | "b" x'),
     ],
 )
 def test_grammars_that_can_never_end(kind, source):
@@ -112,6 +116,11 @@ LINKED = {
         ("lark", 'start: %json {"type": "object"}'),  # llguidance's own syntax: not read
         ("gbnf", 'root ::= "a" root | [0-9]+'),
         ("gbnf", 'root ::= "a" x\nx ::= "b" x | ""'),
+        ("lark", "start: " + " ".join(['"a"?'] * 40)),  # 2^40 expansions, were they compiled
+        ("lark", 'start: ("a" ~ 10..20 "b"?) ~ 10..20'),
+        ("lark", 'start: x\nx: "a" [x] | "a" x?'),
+        ("lark", "%import common.WORD\nstart: WORD"),  # a file of the server's: never read
+        ("gbnf", 'root ::= "a" x\nx ::= "b" x | ""'),
         ("regex", "(ab)+"),
         ("json_schema", LINKED),
         ("json_schema", {"type": "object", "properties": {"a": {"$ref": "#"}}}),
@@ -122,6 +131,26 @@ LINKED = {
         ),
         ("json_schema", {"$ref": "https://example.com/schema"}),  # not the check's to resolve
         ("json_schema", {"type": "object", "required": [["odd"]]}),
+        # An anchor, and a pointer under a nested `$id`: not resolved against the root.
+        (
+            "json_schema",
+            {
+                "$defs": {"s": {"$anchor": "a", "type": "string"}},
+                "type": "object",
+                "properties": {"x": {"$ref": "#a"}},
+                "required": ["x"],
+            },
+        ),
+        (
+            "json_schema",
+            {
+                "type": "object",
+                "required": ["x"],
+                "properties": {
+                    "x": {"$id": "inner", "$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s"}
+                },
+            },
+        ),
     ],
 )
 def test_grammars_that_can_end_or_that_the_check_cannot_read_pass(kind, source):

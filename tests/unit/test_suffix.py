@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drafter.errors import DrafterError
+from drafter.runner import user_history
+from drafter.settings import DrafterSettings
 from drafter.suffix import SuffixDrafter, SuffixHistory, SuffixRules
 
 TOKENS = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many matches
@@ -121,3 +125,27 @@ def test_a_history_file_is_read_at_start_and_appended(tmp_path):
     again = SuffixHistory(path=path)
     assert list(again.index.texts.values()) == [[1, 2, 3, 4, 5]]
     assert SuffixDrafter(8, again).get_candidates([9, 1, 2, 3], 2).tokens == [4, 5]
+
+
+def test_a_damaged_history_file_loses_only_its_damaged_lines(tmp_path):
+    path = tmp_path / "history.jsonl"
+    path.write_text('[1, 2, 3, 4]\n{"not": "tokens"}\n[5, "x"]\n[6, 7, 8, 9')  # cut short
+    shelf = SuffixHistory(path=path)
+    assert list(shelf.index.texts.values()) == [[1, 2, 3, 4]]
+    shelf.add([10, 11, 12])
+    assert list(SuffixHistory(path=path).index.texts.values()) == [[1, 2, 3, 4], [10, 11, 12]]
+
+
+def test_a_changed_generation_is_indexed_anew():
+    drafter = SuffixDrafter(64)
+    assert drafter.get_candidates([1, 2, 3, 9, 1, 2, 3], 1).tokens == [9]
+    # Not a continuation of what it held (another generation's text): rebuilt, not extended.
+    assert drafter.get_candidates([5, 2, 3, 8, 5, 2, 3], 1).tokens == [8]
+    assert drafter.get_candidates([1, 2, 3, 7, 1, 2, 3], 1).tokens == [7]
+
+
+def test_a_history_file_that_cannot_be_used_is_a_clear_error_at_start(tmp_path):
+    settings = DrafterSettings(drafter="suffix", history_file=tmp_path)  # a folder
+    with pytest.raises(DrafterError, match="--history-file"):
+        user_history(settings)
+    assert user_history(DrafterSettings(drafter="ngram")) is None
