@@ -74,4 +74,5 @@ from server.shared.defaults import DEFAULT_VERIFIER_MODEL
 from server.verifier.vocab_file import vocab_only_gguf
 open(sys.argv[1], "wb").write(vocab_only_gguf(DEFAULT_VERIFIER_MODEL))
 EOF
+rm -rf "$WORK/src"  # the unpacked sdist: what the kit needs of it is in the kit
 say "$(du -sh "$KIT" | cut -f1) in $KIT (carry it: run.sh reads it from there)"
