@@ -103,5 +103,6 @@ class DraftLength:
     def observe(self, timing: RoundTiming) -> None:
         """A round's times, as the loop measured them."""
 
-    def advise(self, advised: int | None) -> None:
-        """The verifier's advised draft length (None: it gives none)."""
+    def advise(self, advised: int | None, pass_sessions: float | None = None) -> None:
+        """The verifier's advised draft length (None: it gives none), and how many
+        sessions its recent passes held (None: not told)."""

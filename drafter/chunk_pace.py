@@ -33,6 +33,25 @@ class ChunkPace:
     max_chunk: int = 1
     watched: bool = True
     _seconds: float | None = None  # None: no round answered yet, the first token is due
+    # Measured from rounds of one row, for `measured_size`: the verifier's time a token
+    # of a chunk, and the link's (a single step's round trip less the verifier's time).
+    step_s: float | None = None
+    link_s: float | None = None
+
+    def observe(self, rows: int, verifier_s: float, round_trip_s: float, steps: int) -> None:
+        """A round answered: its rows, the verifier's time for it, its round trip, and
+        its steps (a chunk's tokens, one pass each)."""
+        if rows != 1 or verifier_s <= 0:
+            return
+        step = verifier_s / max(steps, 1)
+        self.step_s = step if self.step_s is None else 0.5 * (self.step_s + step)
+        if steps == 1:  # a chunk's round trip holds its steps' waits too
+            link = max(0.0, round_trip_s - verifier_s)
+            self.link_s = link if self.link_s is None else 0.5 * (self.link_s + link)
+
+    def measured_size(self, paced: bool = False) -> int:
+        """`size` at the times `observe` measured."""
+        return self.size(self.step_s or 0.0, self.link_s or 0.0, paced)
 
     def size(self, per_token_s: float, link_s: float, paced: bool = False) -> int:
         """`paced`: as if watched (a round held back while the draft model gets ready:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from drafter.candidates import DraftLength
 from drafter.chunk_pace import ChunkPace
+from drafter.measured_rate import MeasuredRate
 from server.shared.draft_gain import Acceptance, expected_tokens
 
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
@@ -32,47 +33,20 @@ PROBE_FIRST_ADVISED_0 = 16
 
 
 # Where the verifier advises a draft, how much faster chunks must look for auto to send
-# them: a drafted round's measured time holds its waits for passes, a chunk's expected one
-# does not, and a session sending chunks among drafted rounds costs every other session
-# of the pass (its row is padded to their width, and it keeps passes running while
-# their rounds are on their way).
+# them while its passes hold other sessions' rounds: a session sending chunks among
+# drafted rounds costs every other session of the pass (its row is padded to their
+# width, and it keeps passes running while their rounds are on their way). Alone, a
+# chunk costs nobody else: chunks are sent as soon as they come faster.
 CHUNK_MARGIN = 1.5
+# While drafting where the verifier advises a draft: a round without a draft now and
+# then (after CHUNK_PROBE_FIRST drafted rounds, doubling up to CHUNK_PROBE_LAST)
+# measures what chunks give, which the verifier's advice does not weigh: it prices its
+# own rows, not this drafter's time a token.
+CHUNK_PROBE_FIRST = 4
+CHUNK_PROBE_LAST = 256
 # Drafted rounds measured before their rate is weighed against chunks': one round's
 # tokens vary from one to k + 1.
 MIN_DRAFTED_ROUNDS = 4
-
-
-@dataclass
-class MeasuredRate:
-    """Tokens a second over recent rounds: their tokens over their time, each summed with
-    geometric weights (a sum's ratio: one slow round of many tokens weighs as it should).
-    Rounds of the other kind age it too (`fade`): a rate measured before the link or the
-    load changed is forgotten while the other kind is sent. None until `min_rounds`
-    rounds are in, and once it weighs less than one recent round."""
-
-    min_rounds: int
-    tokens: float = 0.0
-    seconds: float = 0.0
-    rounds: int = 0
-    weight: float = 0.0
-
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
-        self.fade(decay)
-        self.tokens += tokens
-        self.seconds += seconds
-        self.weight += 1.0
-        self.rounds += 1
-
-    def fade(self, decay: float) -> None:
-        self.tokens *= decay
-        self.seconds *= decay
-        self.weight *= decay
-
-    @property
-    def rate(self) -> float | None:
-        if self.rounds < self.min_rounds or self.weight < 1.0 or self.seconds <= 0:
-            return None
-        return self.tokens / self.seconds
 
 
 @dataclass
@@ -85,8 +59,6 @@ class FixedLength(DraftLength):
     max_chunk: int = field(default=1, compare=False)
     watched: bool = field(default=True, compare=False)
     _pace: ChunkPace = field(init=False, compare=False, repr=False)
-    _step_s: float | None = field(default=None, compare=False, repr=False)
-    _link_s: float | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._pace = ChunkPace(self.max_chunk, self.watched)
@@ -99,18 +71,12 @@ class FixedLength(DraftLength):
 
     def observe(self, timing: RoundTiming) -> None:
         """The verifier's time a token and the link's, for the chunks' pace."""
-        if timing.rows != 1 or timing.verifier_s <= 0:
-            return
-        step = timing.verifier_s / max(timing.steps, 1)
-        self._step_s = step if self._step_s is None else 0.5 * (self._step_s + step)
-        if timing.steps == 1:  # a chunk's round trip holds its steps' waits too
-            link = max(0.0, timing.round_trip_s - timing.verifier_s)
-            self._link_s = link if self._link_s is None else 0.5 * (self._link_s + link)
+        self._pace.observe(timing.rows, timing.verifier_s, timing.round_trip_s, timing.steps)
 
     def chunk(self, paced: bool = False) -> int:
         if self.k and not paced:
             return 1
-        return self._pace.size(self._step_s or 0.0, self._link_s or 0.0, paced)
+        return self._pace.measured_size(paced)
 
     @property
     def label(self) -> str:
@@ -120,25 +86,43 @@ class FixedLength(DraftLength):
 @dataclass
 class DoublingLength(DraftLength):
     """x2 after a round whose whole draft was accepted; after a rejection, the accepted
-    prefix plus one; within [minimum, maximum]."""
+    prefix plus one; within [minimum, maximum].
+
+    Where the lookup finds nothing to draft and the verifier decodes chunks of its own
+    tokens (`max_chunk` > 1), a chunk paced as a watched one is (`ChunkPace`): one token
+    first, then CHUNK_S_FIRST of the verifier's time doubling while lookups keep missing,
+    from the shortest again after a drafted round. A chunk's tokens are looked through
+    only once it is answered, so a chunk is short where a match may come soon, and
+    grows only where none has for a while; a round trip a token would cost more."""
 
     maximum: int
     start: int = 4
     minimum: int = 1
+    max_chunk: int = 1
+    _pace: ChunkPace = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
             raise ValueError("need 1 <= minimum <= maximum")
         self.k = min(max(self.start, self.minimum), self.maximum)
+        self._pace = ChunkPace(self.max_chunk, watched=True)
 
     def next(self, ahead: bool = False) -> int:
         return self.k
 
+    def chunk(self, paced: bool = False) -> int:
+        return self._pace.measured_size(paced=True)
+
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        self._pace.answered(drafted == 0)
         if drafted == 0:
             return  # no draft (no match, or a round cut short): nothing learned
+        self._pace.restart()
         after = 2 * self.k if accepted_prefix_len == drafted else accepted_prefix_len + 1
         self.k = min(max(after, self.minimum), self.maximum)
+
+    def observe(self, timing: RoundTiming) -> None:
+        self._pace.observe(timing.rows, timing.verifier_s, timing.round_trip_s, timing.steps)
 
     @property
     def label(self) -> str:
@@ -181,7 +165,10 @@ class LinkAwareLength(DraftLength):
     passes unevenly) beats the best draft's expected rate; k never exceeds the advice (at
     least `minimum`). While chunking, a drafted round is sent now and then (after 4, 8,
     16, ... chunks) to measure again what only drafting shows, the acceptance the
-    verifier advises from included. The round before any drafted one is a chunk
+    verifier advises from included; while drafting where the verifier advises a draft, a
+    chunk now and then (after 4, 8, 16, ... drafted rounds) measures what chunks give,
+    and they are sent once they come faster (by CHUNK_MARGIN where other sessions share
+    the passes: `pass_sessions`). The round before any drafted one is a chunk
     (`drafts_soon`), so that the draft model catches up with what chunks brought while it
     is out rather than while the drafted round waits for it."""
 
@@ -199,7 +186,10 @@ class LinkAwareLength(DraftLength):
     _link_s: float | None = None
     _draft_s: float | None = None
     advised: int | None = None  # the verifier's last advice (None: it gives none)
+    pass_sessions: float | None = None  # sessions its passes hold (None: not told)
     chunking: bool = False
+    _chunk_probe_every: int = CHUNK_PROBE_FIRST
+    _drafts_to_chunk_probe: int = CHUNK_PROBE_FIRST
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
     _pace: ChunkPace = field(init=False, repr=False)
@@ -217,9 +207,15 @@ class LinkAwareLength(DraftLength):
         return "auto"
 
     def next(self, ahead: bool = False) -> int:
-        if self.chunking and self._chunks_to_probe > 0:
+        if (self.chunking and self._chunks_to_probe > 0) or self._chunk_probe_due:
             return 0
         return self.k_ahead if ahead else self.k
+
+    @property
+    def _chunk_probe_due(self) -> bool:
+        """A round without a draft is due to measure chunks while drafting goes on."""
+        drafting = not self.chunking and bool(self.advised) and self.max_chunk > 1
+        return drafting and self._drafts_to_chunk_probe <= 0
 
     @property
     def adaptive(self) -> bool:
@@ -228,16 +224,19 @@ class LinkAwareLength(DraftLength):
         return True
 
     def drafts_soon(self) -> bool:
-        """Whether the round after this chunk is a drafted one (a probe)."""
-        return self.chunking and self._chunks_to_probe <= 1
+        """Whether the round after this chunk is a drafted one (a probe of drafts, or
+        drafting again after a probe of chunks, unless that shows chunks faster)."""
+        return (self.chunking and self._chunks_to_probe <= 1) or self._chunk_probe_due
 
     def chunk(self, paced: bool = False) -> int:
-        """Tokens a round without a draft asks for (`ChunkPace`)."""
+        """Tokens a round without a draft asks for (`ChunkPace`; a probe of chunks is
+        paced: short, drafted rounds are to follow it)."""
         per_token = self._step_s or self.verifier_s(1)
-        return self._pace.size(per_token, self._link_s or 0.0, paced)
+        return self._pace.size(per_token, self._link_s or 0.0, paced or self._chunk_probe_due)
 
-    def advise(self, advised: int | None) -> None:
+    def advise(self, advised: int | None, pass_sessions: float | None = None) -> None:
         self.advised = advised
+        self.pass_sessions = pass_sessions if pass_sessions is not None else self.pass_sessions
         self._choose()
 
     def update(self, drafted: int, accepted_prefix_len: int) -> None:
@@ -245,7 +244,13 @@ class LinkAwareLength(DraftLength):
         if drafted == 0:
             if self.chunking:
                 self._chunks_to_probe -= 1
+            elif self._chunk_probe_due:  # this round was the probe of chunks
+                self._chunk_probe_every = min(2 * self._chunk_probe_every, CHUNK_PROBE_LAST)
+                self._drafts_to_chunk_probe = self._chunk_probe_every
+                self._pace.restart()  # the next probe as short
             return
+        if not self.chunking:
+            self._drafts_to_chunk_probe -= 1
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
             self._chunks_to_probe = self._probe_every
@@ -304,13 +309,17 @@ class LinkAwareLength(DraftLength):
             # rows, so a round of any length, and a chunk's every step, costs what a
             # round does now: a pass the other sessions fill (the line of rows run down
             # to one row would price a step at a fraction of the pass it waits for).
+            # Measured against measured where both kinds were sent lately (chunks measured
+            # whole: their waits for passes in).
             flat = self.verifier_s(ceiling + 1)
-            drafted = self._draft_rate.rate or max(
+            drafted = self._draft_rate.rate
+            chunks = self._chunk_rate.rate if drafted is not None else None
+            drafted = drafted or max(
                 self.expected_tokens_per_s(self.k, False, flat),
                 self.expected_tokens_per_s(self.k_ahead, True, flat),
             )
-            chunks = self.chunk_tokens_per_s(flat)
-            self.chunking = measured and chunks > CHUNK_MARGIN * drafted
+            chunks = chunks or self.chunk_tokens_per_s(flat)
+            self.chunking = measured and chunks > self._chunk_margin() * drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds
@@ -326,6 +335,14 @@ class LinkAwareLength(DraftLength):
             first = PROBE_FIRST_ADVISED_0 if self.advised == 0 else PROBE_FIRST
             self._probe_every = self._chunks_to_probe = first
             self._pace.restart()
+
+    def _chunk_margin(self) -> float:
+        """CHUNK_MARGIN where the verifier's passes hold other sessions' rounds (or it
+        does not say), none where this session has them to itself."""
+        if self.pass_sessions is None:
+            return CHUNK_MARGIN
+        shared = min(max(self.pass_sessions - 1.0, 0.0), 1.0)
+        return 1.0 + (CHUNK_MARGIN - 1.0) * shared
 
     @property
     def acceptance(self) -> float:

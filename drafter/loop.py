@@ -264,7 +264,7 @@ class SpeculativeLoop:
         stats.verifier_time_s += timing.verifier_s
         stats.generated_tokens = len(result.tokens)
         self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
-        self.draft_length.advise(verdict.advised_draft)
+        self.draft_length.advise(verdict.advised_draft, verdict.pass_sessions)
         self.draft_length.observe(timing)
         return RoundEvent(
             draft_tokens=list(draft.tokens),

@@ -186,7 +186,7 @@ def draft_length(
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter in LOOKUPS:
-        return DoublingLength(maximum=info.max_draft)
+        return DoublingLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens)
     if settings.sampling.seed is not None:
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.

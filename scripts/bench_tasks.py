@@ -9,9 +9,12 @@ every other question of each category, its source and license). Chat completions
 (temperature 0), up to --max-tokens tokens an answer; a multi-turn question is sent as two
 turns, the second carrying the first turn's answer, as a chat app sends it. Every question
 goes through every system before the next question (the systems' order turns by one each
-question), so that a machine whose speed drifts slows them alike. Each system of ours has
-a verifier of its own, pinned to --verifier-core, and its `serve` pinned to --drafter-core;
-llama-server (both models in one process) may use both cores. One thread per model.
+question), so that a machine whose speed drifts slows them alike; a question goes out once
+no verifier has idle work under way (a cached prefix evaluated again: all the verifiers
+share a core, so one system's idle work would slow the next system's request), and its
+turns follow one another at once. Each system of ours has a verifier of its own, pinned
+to --verifier-core, and its `serve` pinned to --drafter-core; llama-server (both models
+in one process) may use both cores. One thread per model.
 
 Systems (--systems):
 
@@ -77,6 +80,10 @@ FAMILIES = {
     "rag": "retrieval-augmented",
 }
 WARM_UP = [{"role": "user", "content": "Say hello."}]
+# Idle work is over once this counter has stood still this long: longer than the
+# verifier's quiet moment before a piece (VERIFIER_IDLE_RETILE_AFTER_S) and a piece.
+RETILED_METRIC = "verifier_prompt_tokens_retiled_total"
+SETTLED_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,12 @@ class Ours:
             raise
         self.client = httpx.Client(timeout=1800)
 
+    def idle_work_done(self) -> str:
+        """The verifier's count of tokens its idle work evaluated (a cached prefix
+        evaluated again, a piece at a time after a quiet moment)."""
+        text = self.client.get(f"{self.verifier.url}/metrics").text
+        return "".join(ln for ln in text.splitlines() if ln.startswith(RETILED_METRIC))
+
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
         if self.serve is None:
             return self._generate(messages, max_tokens)
@@ -314,6 +327,10 @@ class LlamaServer:
         self.stop()
         raise RuntimeError("llama-server did not become ready in 300 s")
 
+    def idle_work_done(self) -> str:
+        """Nothing runs here between requests."""
+        return ""
+
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
         reply, seconds = post_chat(
             self.client, f"{self.url}/v1/chat/completions", messages, max_tokens
@@ -332,6 +349,17 @@ class LlamaServer:
         stop_process(self.process)
         self._log.close()
         self.log_path.unlink(missing_ok=True)
+
+
+def settle(running: Sequence[Ours | LlamaServer]) -> None:
+    """Waits until no system has idle work under way: every verifier here shares one
+    core, so one system's idle work would slow the next system's request."""
+    last, still_since = None, time.monotonic()
+    while time.monotonic() - still_since < SETTLED_S:
+        done = [started.idle_work_done() for started in running]
+        if done != last:
+            last, still_since = done, time.monotonic()
+        time.sleep(0.1)
 
 
 def run(args: argparse.Namespace, systems: list[System], questions: list[Question]) -> list[dict]:
@@ -355,6 +383,7 @@ def run(args: argparse.Namespace, systems: list[System], questions: list[Questio
         for i, question in enumerate(questions):
             shift = i % len(running)
             for started in running[shift:] + running[:shift]:
+                settle(running)  # the turns of one question follow one another at once
                 messages: list[dict] = []
                 for turn, text in enumerate(question.turns, start=1):
                     messages.append({"role": "user", "content": text})

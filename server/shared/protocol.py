@@ -11,14 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 PROTOCOL_VERSION = 2  # 2: client-chosen session ids, X-Session-Id
 
@@ -288,6 +281,9 @@ class VerifyResponse(ResponseModel):
         description="the draft length the verifier advises this session's next round (0: "
         "drafting cannot pay here now); from what its passes cost, how many sessions share "
         "them and this session's acceptance (docs/performance.md)",
+    )
+    pass_sessions: float | None = Field(
+        None, description="sessions the verifier's recent passes of rounds held (1: alone)"
     )
     logprobs: list[TokenLogprob] | None = Field(
         None,

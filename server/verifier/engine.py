@@ -27,7 +27,6 @@ import numpy as np
 
 from server.shared import vocab
 from server.shared.constraint import Constraint
-from server.shared.draft_gain import Acceptance
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
@@ -276,11 +275,9 @@ class Engine:
             remove=self.runtime.remove,
             is_eog=self.runtime.is_eog,
             lossless=self.lossless(work.session.strategy),
-            advise=self._advise,
+            advise=lambda acceptance, last: self.advisor.advise(acceptance, self.max_draft, last),
+            pass_sessions=round(self.pass_cost.sharing, 2),
         )
-
-    def _advise(self, acceptance: Acceptance, last_draft: int = 0) -> int | None:
-        return self.advisor.advise(acceptance, self.max_draft, last_draft)
 
     def _advance_prefill(self, work: PrefillWork, n_tokens: int) -> Opened | None:
         """Count a decoded chunk; the session opened once the whole prompt is cached."""
@@ -300,7 +297,9 @@ class Engine:
             strategy=session.strategy,
             lossless=self.lossless(session.strategy),
             cached_tokens=work.reservation.reused,
-            advised_draft=self._advise(session.acceptance, session.last_draft),
+            advised_draft=self.advisor.advise(
+                session.acceptance, self.max_draft, session.last_draft
+            ),
         )
         return Opened(response, session, work.reservation)
 

@@ -33,6 +33,7 @@ def finish_round(
     is_eog: Callable[[int], bool],
     lossless: bool,
     advise: Callable[[Acceptance, int], int | None] | None = None,
+    pass_sessions: float | None = None,
 ) -> VerifyResponse:
     """The round's answer, the session advanced by it. Everything that can fail comes
     before the session changes, so a round undone leaves no trace at all (its draws are
@@ -86,6 +87,7 @@ def finish_round(
                 decoded_tokens=len(work.tokens),
             ),
             advised_draft=advised,
+            pass_sessions=pass_sessions,
             logprobs=(
                 None
                 if session.logprobs is None

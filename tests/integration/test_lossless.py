@@ -211,7 +211,7 @@ def test_the_suffix_drafter_drafts_a_repeated_request_from_the_users_history(
     first, second = (out["stats"] for out in runs)
     assert history.read_text().count("\n") == 2  # each generation appended
     assert second["accepted"] > first["accepted"]
-    assert second["rounds"] < first["rounds"]
+    assert second["accepted"] >= second["generated_tokens"] // 2  # most of it drafted
 
 
 def test_some_prompts_end_with_eos_and_others_run_to_max_tokens(expected, eog_ids):

@@ -97,6 +97,24 @@ def test_doubling_bounds():
         DoublingLength(maximum=4, minimum=0)
 
 
+def test_where_a_lookup_misses_chunks_start_at_one_token_grow_while_it_keeps_missing():
+    """Prompt lookup or the suffix drafter found nothing: chunks of the verifier's own
+    tokens, paced (one token, then 0.1 s of the verifier's doubling to 0.4 s) whether or
+    not anyone watches, and from the shortest again after a drafted round."""
+    length = DoublingLength(maximum=16, max_chunk=64)
+    sizes = []
+    for _ in range(5):
+        m = length.chunk()
+        sizes.append(m)
+        length.update(0, 0)
+        length.observe(RoundTiming(1, m * 0.01, m * 0.01, 0.0, False, steps=m, tokens=m))
+    assert sizes == [1, 10, 20, 40, 40]
+    assert length.next() == 4  # a miss teaches the draft length nothing
+    length.update(4, 4)
+    assert length.next() == 8 and length.chunk() == 10
+    assert DoublingLength(maximum=16).chunk() == 1  # a verifier without chunks
+
+
 def test_auto_means_the_schedule_that_suits_the_drafter():
     from drafter.runner import draft_length
     from drafter.settings import DrafterSettings
@@ -151,19 +169,24 @@ def drive(
     fixed_s: float,
     advised,
     draft_token_s: float = 0.005,
+    pass_sessions: float | None = None,
+    chunks: list[int] | None = None,
 ):
     """Rounds as `auto` asks for them against a verifier whose pass costs fixed + per row,
     a 2 ms link and `draft_token_s` a drafted token; the advice the verifier gives each
-    time. The draft lengths sent, 0 for a round without a draft."""
+    time, and the sessions its passes hold. The draft lengths sent, 0 for a round without
+    a draft (whose sizes go to `chunks`)."""
     sent = []
     for _ in range(rounds):
         k = length.next()
         sent.append(k)
         if k == 0:
             m = length.chunk()
+            if chunks is not None:
+                chunks.append(m)
             verifier_s = m * (fixed_s + per_row_s)
             length.update(0, 0)
-            length.advise(advised)
+            length.advise(advised, pass_sessions)
             length.observe(
                 RoundTiming(1, verifier_s, verifier_s + 0.002, 0.0, False, steps=m, tokens=m)
             )
@@ -171,9 +194,15 @@ def drive(
             verifier_s = fixed_s + per_row_s * (k + 1)
             accepted = round(0.8 * k)
             length.update(k, accepted)
-            length.advise(advised)
+            length.advise(advised, pass_sessions)
             length.observe(timing(k + 1, verifier_s, 0.002, draft_token_s * k, tokens=accepted + 1))
     return sent
+
+
+def probes_of_chunks(sent: list[int]) -> list[int]:
+    """Where the rounds without a draft came among drafted ones: the drafted rounds before
+    each."""
+    return [sum(1 for k in sent[:i] if k) for i, k in enumerate(sent) if k == 0]
 
 
 def test_advised_0_auto_sends_chunks_from_the_first_round_and_drafts_only_to_probe_late():
@@ -199,8 +228,34 @@ def test_where_drafting_pays_auto_drafts_within_the_advice():
     """A pass costs its fixed part, rows next to nothing (a GPU): drafts pay, as long as
     the advice allows them."""
     length = LinkAwareLength(maximum=16, max_chunk=64)
-    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=6)
-    assert sent.count(0) <= 1 and max(sent) <= 6  # one chunk at most, to measure
+    chunks: list[int] = []
+    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=6, chunks=chunks)
+    assert max(sent) <= 6
+    # Only short chunks that measure what chunks give, after 4, 8 then 16 drafted rounds.
+    assert probes_of_chunks(sent) == [4, 12, 28]
+    assert all(m <= CHUNK_S_FIRST / 0.02 for m in chunks)
+
+
+@pytest.mark.parametrize("pass_sessions", [1.0, 4.0])
+def test_where_this_drafter_drafts_too_slowly_for_the_advice_alone_auto_sends_chunks(
+    pass_sessions,
+):
+    """A CPU verifier advises a draft of 1 (its 2-row pass costs less than two steps), but
+    each draft token costs this drafter most of a step: chunks come 1.3x faster. Alone
+    (the verifier's passes hold this session's rounds only) the probe of chunks shows it
+    and chunks are sent from then on, a drafted round now and then; where other sessions
+    share the passes, chunks must come CHUNK_MARGIN faster, and drafting goes on."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, watched=False)
+    length.advise(1, pass_sessions)  # the prefill's
+    sent = drive(
+        length, 40, per_row_s=0.009, fixed_s=0.002, advised=1, draft_token_s=0.007,
+        pass_sessions=pass_sessions,
+    )  # fmt: skip
+    assert sent[:4] == [1] * 4 and sent[4] == 0
+    if pass_sessions == 1.0:
+        assert sent[-20:].count(0) >= 18
+    else:
+        assert probes_of_chunks(sent) == [4, 12, 28]
 
 
 def test_where_the_verifier_cannot_chunk_auto_drafts_as_before():
@@ -233,7 +288,8 @@ def test_under_load_advice_above_0_makes_auto_draft_where_its_own_rows_model_wou
     then = drive(length, 30, per_row_s=0.003, fixed_s=0.047, advised=2)
     assert then[0] == 0  # asked before the answer that advised 2
     assert then[1] == 0  # one more while the draft model catches up (drafts_soon)
-    assert 0 not in then[2:] and set(then[2:]) <= {1, 2}
+    assert set(then[2:]) <= {0, 1, 2}
+    assert probes_of_chunks(then[2:]) == [4, 12]  # short chunks that measure them only
 
 
 def test_advice_above_0_still_chunks_where_measured_drafted_rounds_come_slower():
@@ -299,7 +355,7 @@ def test_under_load_a_chunk_is_priced_at_a_pass_not_at_the_line_of_rows_run_down
             pass_s = 0.02 + 0.04 * k  # 2 rows: 60 ms; 3 rows: 100 ms
             length.update(k, k - 1)
             length.observe(timing(k + 1, pass_s, 0.002, 0.005 * k, tokens=k))
-    assert 0 not in sent
+    assert probes_of_chunks(sent) == [4, 12, 28]  # measured, and found slower each time
 
 
 def chunk_sizes(length, rounds: int, step_s: float = 0.01) -> list[int]:
