@@ -162,14 +162,15 @@ class LinkAwareLength(DraftLength):
     Chosen from the start where the verifier advises 0 (`advise`: its rows cost as much
     as the tokens they win, for this session and its load, server/verifier/advice.py),
     and whenever the rate chunks gave (measured whole: under load a chunk's steps share
-    passes unevenly) beats the best draft's expected rate; k never exceeds the advice (at
-    least `minimum`). While chunking, a drafted round is sent now and then (after 4, 8,
-    16, ... chunks) to measure again what only drafting shows, the acceptance the
-    verifier advises from included; while drafting where the verifier advises a draft, a
-    chunk now and then (after 4, 8, 16, ... drafted rounds) measures what chunks give,
-    and they are sent once they come faster (by CHUNK_MARGIN where other sessions share
-    the passes: `pass_sessions`). The round before any drafted one is a chunk
-    (`drafts_soon`), so that the draft model catches up with what chunks brought while it
+    passes unevenly) beats the best draft's rate (measured, or expected before four
+    drafted rounds); k never exceeds the advice (at least `minimum`). While chunking, a
+    drafted round is sent now and then (after 4, 8, 16, ... chunks) to measure again
+    what only drafting shows, the acceptance the verifier advises from included; while
+    drafting where the verifier advises a draft, a short chunk now and then (after 4, 8,
+    16, ... drafted rounds) measures what chunks give, and chunks are sent once they
+    come faster (by CHUNK_MARGIN where other sessions share the passes:
+    `pass_sessions`). The round before any drafted one is a chunk (`drafts_soon`), so
+    that the draft model catches up with what chunks brought while it
     is out rather than while the drafted round waits for it."""
 
     maximum: int
@@ -251,6 +252,8 @@ class LinkAwareLength(DraftLength):
             return
         if not self.chunking:
             self._drafts_to_chunk_probe -= 1
+            if self._drafts_to_chunk_probe == 0:
+                self._pace.restart()  # the probe as short as can be
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
             self._chunks_to_probe = self._probe_every
@@ -319,7 +322,7 @@ class LinkAwareLength(DraftLength):
                 self.expected_tokens_per_s(self.k_ahead, True, flat),
             )
             chunks = chunks or self.chunk_tokens_per_s(flat)
-            self.chunking = measured and chunks > self._chunk_margin() * drafted
+            self.chunking = measured and chunks > chunk_margin(self.pass_sessions) * drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds
@@ -331,18 +334,12 @@ class LinkAwareLength(DraftLength):
             # Leaving chunks for drafts: one chunk more first, during which the draft
             # model catches up with the tokens chunks brought (`drafts_soon`).
             self.chunking, self._chunks_to_probe = True, 1
+        if was and not self.chunking:  # chunks measured all along: no probe of them soon
+            self._drafts_to_chunk_probe = self._chunk_probe_every
         elif self.chunking and not was:
             first = PROBE_FIRST_ADVISED_0 if self.advised == 0 else PROBE_FIRST
             self._probe_every = self._chunks_to_probe = first
             self._pace.restart()
-
-    def _chunk_margin(self) -> float:
-        """CHUNK_MARGIN where the verifier's passes hold other sessions' rounds (or it
-        does not say), none where this session has them to itself."""
-        if self.pass_sessions is None:
-            return CHUNK_MARGIN
-        shared = min(max(self.pass_sessions - 1.0, 0.0), 1.0)
-        return 1.0 + (CHUNK_MARGIN - 1.0) * shared
 
     @property
     def acceptance(self) -> float:
@@ -390,3 +387,13 @@ class LinkAwareLength(DraftLength):
         verifier_s = None if not self.advised else self.verifier_s(ceiling + 1)
         candidates = range(self.minimum, ceiling + 1)
         return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead, verifier_s))
+
+
+def chunk_margin(pass_sessions: float | None) -> float:
+    """How much faster chunks must come than drafted rounds: CHUNK_MARGIN where the
+    verifier's passes hold other sessions' rounds (or it does not say), none where this
+    session has them to itself."""
+    if pass_sessions is None:
+        return CHUNK_MARGIN
+    shared = min(max(pass_sessions - 1.0, 0.0), 1.0)
+    return 1.0 + (CHUNK_MARGIN - 1.0) * shared

@@ -186,7 +186,9 @@ def draft_length(
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter in LOOKUPS:
-        return DoublingLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens)
+        # Chunks are paced by measured times, and a seeded run must repeat: a token a round.
+        seeded = settings.sampling.seed is not None
+        return DoublingLength(info.max_draft, max_chunk=1 if seeded else info.max_chunk_tokens)
     if settings.sampling.seed is not None:
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.

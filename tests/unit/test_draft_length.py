@@ -146,7 +146,7 @@ def test_parse_draft_n():
     [
         ({}, LinkAwareLength),
         ({"drafter": "ngram"}, DoublingLength),
-        ({"drafter": "ngram", "seed": 3}, DoublingLength),  # follows acceptance only
+        ({"drafter": "ngram", "seed": 3}, DoublingLength),  # acceptance only, no chunks
         ({"seed": 3, "temperature": 0.7}, FixedLength),  # timings vary: a seed must repeat
         ({"draft_n": "6"}, FixedLength),
     ],
@@ -160,6 +160,8 @@ def test_what_auto_means_for_each_drafter(options, expected):
     assert isinstance(length, expected)
     if "seed" in options and expected is FixedLength:
         assert length.next() == SEEDED_DRAFT_N
+    if "seed" in options:  # no chunk paced by measured times: the run repeats
+        assert length.chunk() == 1
 
 
 def drive(
@@ -233,7 +235,7 @@ def test_where_drafting_pays_auto_drafts_within_the_advice():
     assert max(sent) <= 6
     # Only short chunks that measure what chunks give, after 4, 8 then 16 drafted rounds.
     assert probes_of_chunks(sent) == [4, 12, 28]
-    assert all(m <= CHUNK_S_FIRST / 0.02 for m in chunks)
+    assert all(m <= round(CHUNK_S_FIRST / 0.02) for m in chunks)
 
 
 @pytest.mark.parametrize("pass_sessions", [1.0, 4.0])
@@ -253,7 +255,7 @@ def test_where_this_drafter_drafts_too_slowly_for_the_advice_alone_auto_sends_ch
     )  # fmt: skip
     assert sent[:4] == [1] * 4 and sent[4] == 0
     if pass_sessions == 1.0:
-        assert sent[-20:].count(0) >= 18
+        assert sent[-20:].count(0) >= 15  # chunks, a drafted round now and then
     else:
         assert probes_of_chunks(sent) == [4, 12, 28]
 
