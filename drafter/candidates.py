@@ -93,6 +93,11 @@ class DraftLength:
         """Whether the round after this round without a draft carries one."""
         return False
 
+    def chunk_soon(self) -> bool:
+        """Whether the round after this drafted round goes without a draft, whatever its
+        answer: nothing to draft ahead for."""
+        return False
+
     def chunk(self, paced: bool = False) -> int:
         """Tokens a round without a draft asks for."""
         return 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from drafter.candidates import DraftLength
 from drafter.chunk_pace import ChunkPace
-from drafter.measured_rate import MeasuredRate
+from drafter.measured_rate import MeasuredRate, ProbeSchedule, chunk_margin
 from server.shared.draft_gain import Acceptance, expected_tokens
 
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
@@ -32,12 +32,6 @@ PROBE_LAST = 64
 PROBE_FIRST_ADVISED_0 = 16
 
 
-# Where the verifier advises a draft, how much faster chunks must look for auto to send
-# them while its passes hold other sessions' rounds: a session sending chunks among
-# drafted rounds costs every other session of the pass (its row is padded to their
-# width, and it keeps passes running while their rounds are on their way). Alone, a
-# chunk costs nobody else: chunks are sent as soon as they come faster.
-CHUNK_MARGIN = 1.5
 # While drafting where the verifier advises a draft: a round without a draft now and
 # then (after CHUNK_PROBE_FIRST drafted rounds, doubling up to CHUNK_PROBE_LAST)
 # measures what chunks give, which the verifier's advice does not weigh: it prices its
@@ -169,9 +163,8 @@ class LinkAwareLength(DraftLength):
     drafting where the verifier advises a draft, a short chunk now and then (after 4, 8,
     16, ... drafted rounds) measures what chunks give, and chunks are sent once they
     come faster (by CHUNK_MARGIN where other sessions share the passes:
-    `pass_sessions`). The round before any drafted one is a chunk (`drafts_soon`), so
-    that the draft model catches up with what chunks brought while it
-    is out rather than while the drafted round waits for it."""
+    `pass_sessions`). The round before any drafted one is a chunk (`drafts_soon`), for
+    the draft model to catch up meanwhile, not on the drafted round's path."""
 
     maximum: int
     start: int = 4
@@ -189,8 +182,9 @@ class LinkAwareLength(DraftLength):
     advised: int | None = None  # the verifier's last advice (None: it gives none)
     pass_sessions: float | None = None  # sessions its passes hold (None: not told)
     chunking: bool = False
-    _chunk_probe_every: int = CHUNK_PROBE_FIRST
-    _drafts_to_chunk_probe: int = CHUNK_PROBE_FIRST
+    _chunk_probes: ProbeSchedule = field(
+        default_factory=lambda: ProbeSchedule(CHUNK_PROBE_FIRST, CHUNK_PROBE_LAST)
+    )
     _probe_every: int = PROBE_FIRST
     _chunks_to_probe: int = PROBE_FIRST
     _pace: ChunkPace = field(init=False, repr=False)
@@ -213,10 +207,17 @@ class LinkAwareLength(DraftLength):
         return self.k_ahead if ahead else self.k
 
     @property
+    def _drafting_under_advice(self) -> bool:
+        return not self.chunking and bool(self.advised) and self.max_chunk > 1
+
+    @property
     def _chunk_probe_due(self) -> bool:
         """A round without a draft is due to measure chunks while drafting goes on."""
-        drafting = not self.chunking and bool(self.advised) and self.max_chunk > 1
-        return drafting and self._drafts_to_chunk_probe <= 0
+        return self._drafting_under_advice and self._chunk_probes.due
+
+    def chunk_soon(self) -> bool:
+        """The drafted round out now is the last before a probe of chunks."""
+        return self._drafting_under_advice and self._chunk_probes.soon
 
     @property
     def adaptive(self) -> bool:
@@ -246,13 +247,12 @@ class LinkAwareLength(DraftLength):
             if self.chunking:
                 self._chunks_to_probe -= 1
             elif self._chunk_probe_due:  # this round was the probe of chunks
-                self._chunk_probe_every = min(2 * self._chunk_probe_every, CHUNK_PROBE_LAST)
-                self._drafts_to_chunk_probe = self._chunk_probe_every
+                self._chunk_probes.probed()
                 self._pace.restart()  # the next probe as short
             return
         if not self.chunking:
-            self._drafts_to_chunk_probe -= 1
-            if self._drafts_to_chunk_probe == 0:
+            self._chunk_probes.counted()
+            if self._chunk_probes.due:
                 self._pace.restart()  # the probe as short as can be
         if self.chunking and self._chunks_to_probe <= 0:  # this round was a probe
             self._probe_every = min(2 * self._probe_every, PROBE_LAST)
@@ -335,7 +335,7 @@ class LinkAwareLength(DraftLength):
             # model catches up with the tokens chunks brought (`drafts_soon`).
             self.chunking, self._chunks_to_probe = True, 1
         if was and not self.chunking:  # chunks measured all along: no probe of them soon
-            self._drafts_to_chunk_probe = self._chunk_probe_every
+            self._chunk_probes.put_off()
         elif self.chunking and not was:
             first = PROBE_FIRST_ADVISED_0 if self.advised == 0 else PROBE_FIRST
             self._probe_every = self._chunks_to_probe = first
@@ -387,13 +387,3 @@ class LinkAwareLength(DraftLength):
         verifier_s = None if not self.advised else self.verifier_s(ceiling + 1)
         candidates = range(self.minimum, ceiling + 1)
         return max(candidates, key=lambda k: self.expected_tokens_per_s(k, ahead, verifier_s))
-
-
-def chunk_margin(pass_sessions: float | None) -> float:
-    """How much faster chunks must come than drafted rounds: CHUNK_MARGIN where the
-    verifier's passes hold other sessions' rounds (or it does not say), none where this
-    session has them to itself."""
-    if pass_sessions is None:
-        return CHUNK_MARGIN
-    shared = min(max(pass_sessions - 1.0, 0.0), 1.0)
-    return 1.0 + (CHUNK_MARGIN - 1.0) * shared

@@ -293,8 +293,10 @@ class SpeculativeLoop:
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
         wanted = max_tokens - len(self.result.tokens)
         catching_up = catches_up(self.draft_length, self._behind, bool(draft.tokens), wanted, chunk)
-        # A chunk's answer is many tokens: nothing to draft ahead for.
-        ahead = self.speculation is not None and chunk == 1 and not catching_up
+        # A chunk's answer is many tokens, and a chunk follows a probe's last drafted
+        # round: nothing to draft ahead for.
+        chunk_next = bool(draft.tokens) and self.draft_length.chunk_soon()
+        ahead = self.speculation is not None and chunk == 1 and not (catching_up or chunk_next)
         if catching_up:
             self._behind = not self.warming.catch_up(self.drafter, committed, in_flight.done)
         if ahead and 0 < k < room:

@@ -1,9 +1,17 @@
-"""Tokens a second over recent rounds of one kind, for `auto`'s choice between drafted
-rounds and rounds without a draft (drafter/draft_length.py). Pure."""
+"""What `auto` measures to choose between drafted rounds and rounds without a draft
+(drafter/draft_length.py): tokens a second over recent rounds of one kind, and when to
+send a round of the other kind to measure it again. Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Where the verifier advises a draft, how much faster chunks must look for auto to send
+# them while its passes hold other sessions' rounds: a session sending chunks among
+# drafted rounds costs every other session of the pass (its row is padded to their
+# width, and it keeps passes running while their rounds are on their way). Alone, a
+# chunk costs nobody else: chunks are sent as soon as they come faster.
+CHUNK_MARGIN = 1.5
 
 
 @dataclass
@@ -37,3 +45,47 @@ class MeasuredRate:
         if self.rounds < self.min_rounds or self.weight < 1.0 or self.seconds <= 0:
             return None
         return self.tokens / self.seconds
+
+
+@dataclass
+class ProbeSchedule:
+    """Rounds of one kind between probes of the other: `first`, then twice as many after
+    each probe, up to `last`."""
+
+    first: int
+    last: int
+    every: int = 0
+    left: int = 0  # rounds of this kind before the next probe
+
+    def __post_init__(self) -> None:
+        self.every = self.left = self.first
+
+    @property
+    def due(self) -> bool:
+        return self.left <= 0
+
+    @property
+    def soon(self) -> bool:
+        """The round out now is the last before a probe."""
+        return self.left <= 1
+
+    def counted(self) -> None:
+        self.left -= 1
+
+    def probed(self) -> None:
+        self.every = min(2 * self.every, self.last)
+        self.left = self.every
+
+    def put_off(self) -> None:
+        """A whole interval again, as long as the last (the other kind measured lately)."""
+        self.left = self.every
+
+
+def chunk_margin(pass_sessions: float | None) -> float:
+    """How much faster chunks must come than drafted rounds: CHUNK_MARGIN where the
+    verifier's passes hold other sessions' rounds (or it does not say), none where this
+    session has them to itself."""
+    if pass_sessions is None:
+        return CHUNK_MARGIN
+    shared = min(max(pass_sessions - 1.0, 0.0), 1.0)
+    return 1.0 + (CHUNK_MARGIN - 1.0) * shared

@@ -432,3 +432,21 @@ def test_the_round_before_auto_leaves_chunks_for_drafts_is_a_chunk_that_says_so(
             length.observe(timing(k + 1, 0.03, 0.0, 0.01 * k, tokens=k + 1))
     assert sent[:3] == [(0, False), (0, False), (0, True)]
     assert 1 <= sent[3][0] <= 2  # a drafted round, within the advice
+
+
+def test_the_drafted_round_before_a_probe_of_chunks_says_so_nothing_is_drafted_ahead():
+    """While the 4th drafted round under advice is out, the loop drafts nothing ahead for
+    the next round: it is the short chunk that measures chunks, whatever the answer."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, watched=False)
+    length.advise(2, 1.0)
+    soon = []
+    for _ in range(4):
+        k = length.next()
+        assert k > 0
+        soon.append(length.chunk_soon())  # asked while the round is out
+        length.update(k, k)
+        length.advise(2, 1.0)
+        length.observe(timing(k + 1, 0.02, 0.001, 0.001 * k, tokens=k + 1))
+    assert soon == [False, False, False, True]
+    assert length.next() == 0 and length.next(ahead=True) == 0
+    assert not FixedLength(4).chunk_soon()
