@@ -208,15 +208,15 @@ class LinkAwareLength(DraftLength):
 
     @property
     def _drafting_under_advice(self) -> bool:
-        return not self.chunking and bool(self.advised) and self.max_chunk > 1
+        """And alone: where others share the passes, a chunk is priced at their pass."""
+        alone = self.pass_sessions is not None and self.pass_sessions < 2.0
+        return alone and not self.chunking and bool(self.advised) and self.max_chunk > 1
 
     @property
     def _chunk_probe_due(self) -> bool:
-        """A round without a draft is due to measure chunks while drafting goes on."""
         return self._drafting_under_advice and self._chunk_probes.due
 
     def chunk_soon(self) -> bool:
-        """The drafted round out now is the last before a probe of chunks."""
         return self._drafting_under_advice and self._chunk_probes.soon
 
     @property

@@ -58,11 +58,10 @@ class TimedDrafter(NoisyDrafter):
 
 
 @pytest.mark.parametrize("pass_sessions", [1.0, 4.0])
-def test_a_short_chunk_measures_chunks_and_alone_they_are_sent_from_then_on(pass_sessions):
+def test_alone_a_short_chunk_measures_chunks_and_they_are_sent_from_then_on(pass_sessions):
     """Advised 1: a round of two rows (18 ms) and its draft (8 ms) bring two tokens, 77
     a second; a chunk's step brings one in 10 ms, 100 a second. Alone, chunks win once
-    measured; sharing passes, chunks must come 1.5x faster, so drafting goes on, with a
-    short chunk after 4, 8, 16, ... drafted rounds."""
+    measured; where other sessions share the passes, no chunk goes to measure them."""
     clock = Clock()
     verifier = TimedVerifier(clock, pass_sessions, advice=lambda i: 1)
     length = LinkAwareLength(maximum=8, max_chunk=64, watched=False)
@@ -73,13 +72,9 @@ def test_a_short_chunk_measures_chunks_and_alone_they_are_sent_from_then_on(pass
     assert result.tokens == target_alone([5, 6, 7], 200, FakeVerifier())
     sent = verifier.sent
     assert sent[:4] == [(1, 1)] * 4  # the advice's length, measured four times
-    assert sent[4][0] == 0 and sent[4][1] <= round(CHUNK_S_FIRST / (STEP_MS / 1000.0))
     if pass_sessions == 1.0:
+        assert sent[4][0] == 0 and sent[4][1] <= round(CHUNK_S_FIRST / (STEP_MS / 1000.0))
         chunked = sum(m for k, m in sent[5:] if k == 0)
         assert chunked > 0.8 * (200 - 8 - sent[4][1])  # nearly every token after it
-    else:
-        drafted_before = [
-            sum(1 for k, _ in sent[:i] if k) for i, (k, _) in enumerate(sent) if not k
-        ]
-        assert drafted_before[:3] == [4, 12, 28]
-        assert all(m <= round(CHUNK_S_FIRST / (STEP_MS / 1000.0)) for k, m in sent if k == 0)
+    else:  # no chunk sent to measure chunks: a step would wait for the others' pass
+        assert all(k for k, _ in sent[4:])

@@ -228,10 +228,12 @@ def test_chunks_grow_to_a_bound_and_never_past_the_verifiers_limit():
 
 def test_where_drafting_pays_auto_drafts_within_the_advice():
     """A pass costs its fixed part, rows next to nothing (a GPU): drafts pay, as long as
-    the advice allows them."""
+    the advice allows them. The session has the passes to itself."""
     length = LinkAwareLength(maximum=16, max_chunk=64)
     chunks: list[int] = []
-    sent = drive(length, 40, per_row_s=0.0002, fixed_s=0.02, advised=6, chunks=chunks)
+    sent = drive(
+        length, 40, per_row_s=0.0002, fixed_s=0.02, advised=6, pass_sessions=1.0, chunks=chunks
+    )
     assert max(sent) <= 6
     # Only short chunks that measure what chunks give, after 4, 8 then 16 drafted rounds.
     assert probes_of_chunks(sent) == [4, 12, 28]
@@ -246,18 +248,19 @@ def test_where_this_drafter_drafts_too_slowly_for_the_advice_alone_auto_sends_ch
     each draft token costs this drafter most of a step: chunks come 1.3x faster. Alone
     (the verifier's passes hold this session's rounds only) the probe of chunks shows it
     and chunks are sent from then on, a drafted round now and then; where other sessions
-    share the passes, chunks must come CHUNK_MARGIN faster, and drafting goes on."""
+    share the passes, a chunk's step waits for their pass, as a chunk is priced already:
+    no chunk is sent to measure it, and drafting goes on."""
     length = LinkAwareLength(maximum=16, max_chunk=64, watched=False)
     length.advise(1, pass_sessions)  # the prefill's
     sent = drive(
         length, 40, per_row_s=0.009, fixed_s=0.002, advised=1, draft_token_s=0.007,
         pass_sessions=pass_sessions,
     )  # fmt: skip
-    assert sent[:4] == [1] * 4 and sent[4] == 0
+    assert sent[:4] == [1] * 4
     if pass_sessions == 1.0:
-        assert sent[-20:].count(0) >= 15  # chunks, a drafted round now and then
+        assert sent[4] == 0 and sent[-20:].count(0) >= 15  # chunks, a drafted round now and then
     else:
-        assert probes_of_chunks(sent) == [4, 12, 28]
+        assert 0 not in sent
 
 
 def test_where_the_verifier_cannot_chunk_auto_drafts_as_before():
@@ -290,8 +293,7 @@ def test_under_load_advice_above_0_makes_auto_draft_where_its_own_rows_model_wou
     then = drive(length, 30, per_row_s=0.003, fixed_s=0.047, advised=2)
     assert then[0] == 0  # asked before the answer that advised 2
     assert then[1] == 0  # one more while the draft model catches up (drafts_soon)
-    assert set(then[2:]) <= {0, 1, 2}
-    assert probes_of_chunks(then[2:]) == [4, 12]  # short chunks that measure them only
+    assert 0 not in then[2:] and set(then[2:]) <= {1, 2}
 
 
 def test_advice_above_0_still_chunks_where_measured_drafted_rounds_come_slower():
@@ -357,7 +359,7 @@ def test_under_load_a_chunk_is_priced_at_a_pass_not_at_the_line_of_rows_run_down
             pass_s = 0.02 + 0.04 * k  # 2 rows: 60 ms; 3 rows: 100 ms
             length.update(k, k - 1)
             length.observe(timing(k + 1, pass_s, 0.002, 0.005 * k, tokens=k))
-    assert probes_of_chunks(sent) == [4, 12, 28]  # measured, and found slower each time
+    assert 0 not in sent
 
 
 def chunk_sizes(length, rounds: int, step_s: float = 0.01) -> list[int]:
