@@ -704,4 +704,7 @@ def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier):
     alone = verifier_text(live_verifier, prompt, 32)
     assert [a.choices[0].text for a in answers] == [alone, alone]
     first, second = (a.model_extra["speculative"] for a in answers)
-    assert second["accepted"] > first["accepted"] and second["rounds"] < first["rounds"]
+    assert second["accepted"] > first["accepted"]
+    # Most of the repeated answer drafted (rounds do not compare: where the first request's
+    # lookups missed, it asked for chunks paced by measured times).
+    assert second["accepted"] >= answers[1].usage.completion_tokens // 2
