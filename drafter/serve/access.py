@@ -33,7 +33,7 @@ class ClientKeyGuard:
                 else "incorrect API key provided"
             )
             headers = [(b"www-authenticate", b"Bearer")]
-            return await send_openai_error(send, 401, "invalid_api_key", message, headers)
+            return await send_openai_error(scope, send, 401, "invalid_api_key", message, headers)
         return await self.app(scope, receive, send)
 
 

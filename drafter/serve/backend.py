@@ -54,6 +54,7 @@ class Finished:
     cached_tokens: int = 0  # of the prompt's, reused by the verifier
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    stop_sequence: str | None = None  # the one that ended the text, if one did
     figures: SpeculativeFigures | None = None
 
 
@@ -261,6 +262,7 @@ class SpeculativeBackend:
             cached_tokens=stats.cached_prompt_tokens,
             completion_tokens=len(result.tokens),
             finish_reason="stop" if out.stopped or result.finish_reason == "eos" else "length",
+            stop_sequence=out.stop_sequence,
             figures=SpeculativeFigures(
                 strategy=result.strategy,
                 lossless=result.lossless,

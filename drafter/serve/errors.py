@@ -1,6 +1,8 @@
-"""Every error `serve` answers, in OpenAI's shape, mapped in this one place:
-{"error": {"message", "type", "param", "code"}}. Unknown routes, bad JSON, oversized
-bodies and anything unexpected included; no body is longer than a few hundred bytes."""
+"""Every error `serve` answers, mapped in this one place, in OpenAI's shape:
+{"error": {"message", "type", "param", "code"}}; on the Messages API's paths in
+Anthropic's: {"type": "error", "error": {"type", "message"}}. Unknown routes, bad JSON,
+oversized bodies and anything unexpected included; no body is longer than a few hundred
+bytes."""
 
 from __future__ import annotations
 
@@ -22,6 +24,27 @@ log = logging.getLogger("drafter.serve")
 
 QUEUE_FULL_RETRY_AFTER_S = 2
 MAX_MESSAGE_CHARS = 500
+# Anthropic's error types by status (`api_error` for any other).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def speaks_messages(path: str) -> bool:
+    """Whether `path` is the Messages API's (its errors in Anthropic's shape)."""
+    return path.removeprefix("/v1").startswith("/messages")
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    error_type = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
 class OpenAIError(Exception):
@@ -50,16 +73,26 @@ class OpenAIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def body_at(self, path: str) -> dict[str, Any]:
+        """The body in the shape of the API at `path`."""
+        return anthropic_error(self.status, self.message) if speaks_messages(path) else self.body()
+
+    def response(self, path: str = "") -> JSONResponse:
+        return JSONResponse(self.body_at(path), status_code=self.status, headers=self.headers)
 
 
 async def send_openai_error(
-    send, status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    scope,
+    send,
+    status: int,
+    code: str,
+    message: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    """The same error shape from pure ASGI code (the body limit, the key guard)."""
+    """The same error shapes from pure ASGI code (the body limit, the key guard)."""
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    body = json.dumps(OpenAIError(status, message, error_type, code).body()).encode()
+    error = OpenAIError(status, message, error_type, code)
+    body = json.dumps(error.body_at(scope["path"])).encode()
     all_headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(body)),
@@ -140,12 +173,12 @@ def _tag(part: object) -> bool:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
-        return exc.response()
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return describe_validation(exc.errors()).response()
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return describe_validation(exc.errors()).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -164,8 +197,8 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         else:
             error = OpenAIError(exc.status_code, str(exc.detail), "invalid_request_error")
-        return error.response()
+        return error.response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return as_openai_error(exc).response()
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return as_openai_error(exc).response(request.url.path)

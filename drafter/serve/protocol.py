@@ -152,6 +152,9 @@ class _Request(BaseModel):
     def known_fields(self) -> list[str]:
         return [*type(self).model_fields, *UNSUPPORTED, *IGNORED]
 
+    def why_unsupported(self, name: str) -> str:
+        return ""
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []

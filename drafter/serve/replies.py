@@ -14,17 +14,19 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from fastapi import Request, Response
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from drafter.serve.backend import Generation, SpeculativeBackend
+from drafter.serve.edge_request import EdgeRequest
 from drafter.serve.errors import as_openai_error, invalid_request
 from drafter.serve.prompts import Prompted, TextSide
 from drafter.serve.protocol import ChatCompletionRequest, _Request
-from drafter.serve.responses import ChatCompletion, Completion
-from drafter.serve.shapes import Answered, Reply
+from drafter.serve.shapes import Answered
 from drafter.serve.slots import SlotPool
 from drafter.serve.text_out import Spelled
 from drafter.serve.tools import CallSniffer, parse_tool_call, request_grammar
+from drafter.serve.wire import Writer
 from server.shared.protocol import Grammar, PrefillRequest
 from server.shared.strict import did_you_mean
 
@@ -87,7 +89,7 @@ def calls_tools(request: _Request) -> bool:
     return isinstance(request, ChatCompletionRequest) and request.calls_tools
 
 
-def check_fields(request: _Request) -> None:
+def check_fields(request: _Request | EdgeRequest) -> None:
     """Every field is honoured or refused: a name no API has, or one not supported here,
     is a 400 naming it."""
     unknown = request.unknown_fields()
@@ -99,8 +101,10 @@ def check_fields(request: _Request) -> None:
         )
     unsupported = request.unsupported_fields()
     if unsupported:
+        why = request.why_unsupported(unsupported[0])
         raise invalid_request(
-            f"not supported by this server: {', '.join(unsupported)}",
+            f"not supported by this server: {', '.join(unsupported)}"
+            + (f" ({why})" if why else ""),
             param=unsupported[0],
             code="unsupported_parameter",
         )
@@ -112,11 +116,10 @@ async def answer(
     request: _Request,
     render: Render,
     max_tokens: int,
-    *,
-    chat: bool,
-) -> Response | Completion | ChatCompletion:
+    writer: Writer,
+) -> Response | BaseModel:
     """The request's response: each choice admitted, given a slot and generated, one after
-    another; returned whole or streamed."""
+    another; returned whole, or streamed, in the shapes of the API `writer` writes."""
     check_fields(request)
     grammar = request_grammar(request)
     try:
@@ -132,7 +135,6 @@ async def answer(
         for i, prompted in enumerate(prompts)
         for nth in range(request.n)
     ]
-    reply = Reply.new(backend.model_id, backend.system_fingerprint, chat)
     gone = asyncio.create_task(until_disconnected(http))
 
     async def begin(choice: Choice) -> Started | None:
@@ -153,7 +155,7 @@ async def answer(
         shown = Shown(
             request.include_usage, request.logprobs_top() is not None, calls_tools(request)
         )
-        frames = stream(reply, started, choices[1:], begin, gone, shown)
+        frames = stream(writer, started, choices[1:], begin, gone, shown)
         return EventSourceResponse(frames, sep="\n", send_timeout=SEND_TIMEOUT_S)
     answered: list[Answered] = []
     try:
@@ -163,7 +165,7 @@ async def answer(
             wants_logprobs = request.logprobs_top() is not None
             answered.append(started.whole(wants_logprobs, calls_tools(request)))
             if len(answered) == len(choices):
-                return reply.whole(answered)
+                return writer.whole(answered)
             started = await begin(choices[len(answered)])
             if started is None:
                 return Response(status_code=499)
@@ -173,6 +175,17 @@ async def answer(
         if started is not None:
             started.generation.cancel.set()  # a no-op once done; stops it if cancelled
         gone.cancel()
+
+
+async def count_prompt_tokens(backend: SpeculativeBackend, render: Render) -> int:
+    """How many tokens the request's prompt is (`/messages/count_tokens`,
+    `/responses/input_tokens`): the prompt rendered as a generation would render it."""
+    try:
+        pool = await backend.ready()
+        prompts = await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
+    except Exception as exc:
+        raise as_openai_error(exc) from exc
+    return sum(len(p.prompt_ids) for p in prompts)
 
 
 async def begin_choice(
@@ -213,51 +226,57 @@ async def begin_choice(
 
 
 async def stream(
-    reply: Reply,
+    writer: Writer,
     started: Started | None,
     rest: list[Choice],
     begin: Callable[[Choice], Awaitable[Started | None]],
     gone: asyncio.Task,
     shown: Shown,
 ) -> AsyncIterator[ServerSentEvent]:
-    """Each choice's chunks in turn, then the usage if asked for, then [DONE]; a choice
-    that fails, or cannot begin, is an error event before [DONE]."""
+    """Each choice's events in turn, then the API's closing ones; a choice that fails, or
+    cannot begin, is an error event (the API's) before them."""
     answered: list[Answered] = []
     try:
         while started is not None:
             index = started.choice.index
-            if (opening := reply.opening(index)) is not None:
-                yield ServerSentEvent(data=opening)
+            prompt_tokens = len(started.choice.prompted.prompt_ids)
+            for event in writer.opening(index, prompt_tokens):
+                yield event
             if echo := started.choice.prompted.echo:
-                yield ServerSentEvent(data=reply.chunk(index, echo))
+                for event in writer.text(index, echo, None):
+                    yield event
             sniffer = CallSniffer() if shown.tool_calls else None
             while (item := await started.events.get()) is not _DONE:
                 text, spelled = item
                 if sniffer is not None:
                     text = sniffer.feed(text)
                 if text or (shown.logprobs and spelled):
-                    logprobs = spelled if shown.logprobs else None
-                    yield ServerSentEvent(data=reply.chunk(index, text, logprobs=logprobs))
+                    for event in writer.text(index, text, spelled if shown.logprobs else None):
+                        yield event
             call = None
             if sniffer is not None:
                 held, call = sniffer.finish()
                 if held:
-                    yield ServerSentEvent(data=reply.chunk(index, held))
+                    for event in writer.text(index, held, None):
+                        yield event
                 if call is not None:
-                    yield ServerSentEvent(data=reply.call_chunk(index, call))
+                    for event in writer.call(index, call):
+                        yield event
             try:
                 answered.append(replace(started.answered(), tool_call=call))
-                yield ServerSentEvent(
-                    data=reply.chunk(index, None, answered[-1].finished, call=call)
-                )
+                for event in writer.ending(answered[-1]):
+                    yield event
                 started = await begin(rest.pop(0)) if rest else None
             except Exception as exc:
-                yield ServerSentEvent(data=as_openai_error(exc).response().body.decode())
+                for event in writer.failure(as_openai_error(exc)):
+                    yield event
                 break
         else:
-            if shown.usage:
-                yield ServerSentEvent(data=reply.usage_chunk(answered))
-        yield ServerSentEvent(data="[DONE]")
+            for event in writer.closing(answered, shown.usage):
+                yield event
+            return
+        for event in writer.closing(answered, False):
+            yield event
     finally:
         if started is not None:
             started.generation.cancel.set()  # a no-op once done; stops it if the client left

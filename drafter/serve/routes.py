@@ -9,10 +9,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from drafter.serve.backend import SpeculativeBackend
+from drafter.serve.messages_api import CountTokensRequest, MessagesRequest
+from drafter.serve.messages_writer import MessagesWriter
 from drafter.serve.prompts import Prompted, TextSide, chat_prompts, completion_prompts
 from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
-from drafter.serve.replies import answer
+from drafter.serve.replies import answer, check_fields, count_prompt_tokens
 from drafter.serve.responses import ChatCompletion, Completion, ModelCard, ModelList
+from drafter.serve.responses_api import ResponsesRequest
+from drafter.serve.responses_writer import ResponsesWriter
+from drafter.serve.shapes import Reply
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 
@@ -56,7 +61,8 @@ async def completions(http: Request, request: CompletionRequest, backend: Backen
         return completion_prompts(side, request, backend.info.n_vocab)
 
     max_tokens = request.max_tokens or 16
-    return await answer(http, backend, request, render, max_tokens, chat=False)
+    writer = Reply.new(backend.model_id, backend.system_fingerprint, chat=False)
+    return await answer(http, backend, request, render, max_tokens, writer)
 
 
 @router.post("/chat/completions", response_model=ChatCompletion)
@@ -65,4 +71,48 @@ async def chat_completions(http: Request, request: ChatCompletionRequest, backen
         return chat_prompts(side, request)
 
     max_tokens = request.max_completion_tokens or request.max_tokens or DEFAULT_CHAT_MAX_TOKENS
-    return await answer(http, backend, request, render, max_tokens, chat=True)
+    writer = Reply.new(backend.model_id, backend.system_fingerprint, chat=True)
+    return await answer(http, backend, request, render, max_tokens, writer)
+
+
+@router.post("/responses")
+async def responses(http: Request, request: ResponsesRequest, backend: BackendDep):
+    """OpenAI's Responses API, stateless (drafter/serve/responses_api.py)."""
+    check_fields(request)
+    chat = request.to_chat()
+
+    def render(side: TextSide) -> list[Prompted]:
+        return chat_prompts(side, chat)
+
+    max_tokens = request.max_output_tokens or DEFAULT_CHAT_MAX_TOKENS
+    writer = ResponsesWriter(request, backend.model_id)
+    return await answer(http, backend, chat, render, max_tokens, writer)
+
+
+@router.post("/responses/input_tokens")
+async def response_input_tokens(request: ResponsesRequest, backend: BackendDep) -> dict:
+    check_fields(request)
+    chat = request.to_chat()
+    tokens = await count_prompt_tokens(backend, lambda side: chat_prompts(side, chat))
+    return {"object": "response.input_tokens", "input_tokens": tokens}
+
+
+@router.post("/messages")
+async def messages(http: Request, request: MessagesRequest, backend: BackendDep):
+    """Anthropic's Messages API (drafter/serve/messages_api.py)."""
+    check_fields(request)
+    chat = request.to_chat()
+
+    def render(side: TextSide) -> list[Prompted]:
+        return chat_prompts(side, chat)
+
+    writer = MessagesWriter(backend.model_id)
+    return await answer(http, backend, chat, render, request.max_tokens, writer)
+
+
+@router.post("/messages/count_tokens")
+async def count_message_tokens(request: CountTokensRequest, backend: BackendDep) -> dict:
+    check_fields(request)
+    chat = request.to_chat()
+    tokens = await count_prompt_tokens(backend, lambda side: chat_prompts(side, chat))
+    return {"input_tokens": tokens}

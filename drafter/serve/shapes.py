@@ -4,12 +4,16 @@ last says `finish_reason: null`, and every body carries the same `system_fingerp
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sse_starlette import ServerSentEvent
+
 from drafter.serve.backend import Finished
+from drafter.serve.errors import OpenAIError
 from drafter.serve.responses import (
     AssistantMessage,
     ChatChoice,
@@ -157,13 +161,30 @@ class Reply:
         ]
         return Completion(**self._ids(), choices=choices, **extra)
 
-    def opening(self, index: int) -> str | None:
+    def opening(self, index: int, prompt_tokens: int) -> list[ServerSentEvent]:
         """What a chat stream's choice opens with: the role, no text yet."""
         if not self.chat:
-            return None
+            return []
         delta = Delta(role="assistant", content="")
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=None)
-        return ChatCompletionChunk(**self._ids(), choices=[choice]).model_dump_json()
+        return [_event(ChatCompletionChunk(**self._ids(), choices=[choice]).model_dump_json())]
+
+    def text(self, index: int, text: str, logprobs: list[Spelled] | None) -> list[ServerSentEvent]:
+        return [_event(self.chunk(index, text, logprobs=logprobs))]
+
+    def call(self, index: int, call: ToolCall) -> list[ServerSentEvent]:
+        return [_event(self.call_chunk(index, call))]
+
+    def ending(self, answered: Answered) -> list[ServerSentEvent]:
+        last = self.chunk(answered.index, None, answered.finished, call=answered.tool_call)
+        return [_event(last)]
+
+    def closing(self, answered: Sequence[Answered], usage: bool) -> list[ServerSentEvent]:
+        usage_chunk = [_event(self.usage_chunk(answered))] if usage else []
+        return [*usage_chunk, _event("[DONE]")]
+
+    def failure(self, error: OpenAIError) -> list[ServerSentEvent]:
+        return [_event(json.dumps(error.body()))]
 
     def chunk(
         self,
@@ -209,3 +230,7 @@ class Reply:
         kind = ChatCompletionChunk if self.chat else Completion
         usage = total_usage(answered)
         return kind(**self._ids(), choices=[], usage=usage).model_dump_json()
+
+
+def _event(data: str) -> ServerSentEvent:
+    return ServerSentEvent(data=data)

@@ -32,6 +32,7 @@ class StopScanner:
         self._matched = [0] * len(self.stops)  # per stop: its prefix the text ends with
         self._held = ""
         self.stopped = False
+        self.stop_sequence: str | None = None  # the one that stopped the text
 
     def feed(self, text: str) -> str:
         """Text that can go out now; sets `stopped` when a stop sequence appeared."""
@@ -43,6 +44,7 @@ class StopScanner:
         offset = len(self._held)
         for i, char in enumerate(text):
             ended = 0  # the longest stop complete at this character (the earliest start)
+            ending = None
             for j, stop in enumerate(self.stops):
                 k = self._matched[j]
                 while k and stop[k] != char:
@@ -50,11 +52,12 @@ class StopScanner:
                 if stop[k] == char:
                     k += 1
                 if k == len(stop):
-                    ended = max(ended, k)
+                    if k > ended:
+                        ended, ending = k, stop
                     k = self._borders[j][k - 1]
                 self._matched[j] = k
             if ended:
-                self.stopped, self._held = True, ""
+                self.stopped, self.stop_sequence, self._held = True, ending, ""
                 return pending[: offset + i + 1 - ended]
         hold = max(self._matched)
         cut = len(pending) - hold

@@ -42,6 +42,10 @@ class TextOut:
     def stopped(self) -> bool:
         return self._scanner.stopped
 
+    @property
+    def stop_sequence(self) -> str | None:
+        return self._scanner.stop_sequence
+
     def feed(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprob] | None) -> None:
         for i, token in enumerate(tokens):
             piece = self._decoder.feed([token])

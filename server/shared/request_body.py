@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-# reject(send, status, code, message): write the error response.
-Reject = Callable[[Send, int, str, str], Awaitable[None]]
+# reject(scope, send, status, code, message): write the error response (in the shape of
+# the API at scope's path).
+Reject = Callable[[dict[str, Any], Send, int, str, str], Awaitable[None]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 NESTED_TOO_DEEP = "the request body is nested too deep to read as JSON"
@@ -65,9 +66,11 @@ class BodyLimit:
                 try:
                     declared = int(value)
                 except ValueError:
-                    return await self.reject(send, 400, "invalid_request", "bad Content-Length")
+                    return await self.reject(
+                        scope, send, 400, "invalid_request", "bad Content-Length"
+                    )
                 if declared > self.max_bytes:
-                    return await self.reject(send, 413, "payload_too_large", too_large)
+                    return await self.reject(scope, send, 413, "payload_too_large", too_large)
         try:
             # From the headers on: a client that sends headers and never a byte of its
             # body is held to the same limit as one that trickles it.
@@ -76,13 +79,17 @@ class BodyLimit:
         except TimeoutError:
             scope.setdefault("state", {})["body_timeout"] = True
             return await self.reject(
-                send, 408, "request_timeout", f"the body did not arrive in {self.timeout_s:g} s"
+                scope,
+                send,
+                408,
+                "request_timeout",
+                f"the body did not arrive in {self.timeout_s:g} s",
             )
         except ClientGone:
             scope.setdefault("state", {})["client_gone"] = True
             return None
         if body is None:
-            return await self.reject(send, 413, "payload_too_large", too_large)
+            return await self.reject(scope, send, 413, "payload_too_large", too_large)
         replayed = False
 
         async def replay():

@@ -273,6 +273,6 @@ def show_logs_as_uvicorn_does() -> None:
     ours.propagate = False
 
 
-async def _reject(send, status: int, code: str, message: str) -> None:
+async def _reject(scope, send, status: int, code: str, message: str) -> None:
     close = [(b"connection", b"close")] if status in (408, 413) else []
     await send_error(send, status, code, message, close)

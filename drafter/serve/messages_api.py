@@ -1,0 +1,257 @@
+"""Anthropic's Messages API (`POST /v1/messages`) as a request of the one chat model
+`serve` generates from (drafter/serve/protocol.py): `system` as the system message, text
+blocks as text, an assistant's `tool_use` blocks as its tool calls, a user's
+`tool_result` blocks as tool messages, `tools` with their `input_schema` as chat's tools,
+`tool_choice` `any` as `required`, `stop_sequences` as `stop`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+
+from drafter.serve.edge_request import EdgeRequest
+from drafter.serve.errors import describe_validation, invalid_request
+from drafter.serve.protocol import (
+    MAX_ARGUMENTS_DEPTH,
+    MAX_STOPS,
+    MAX_TOOLS,
+    ChatCompletionRequest,
+    Text,
+    json_depth,
+)
+
+MAX_BLOCKS = 1024
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control, citations: nothing here
+
+    type: Literal["text"]
+    text: Text
+
+
+class ToolUseBlock(BaseModel):
+    """A call the model made earlier, replayed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["tool_use"]
+    id: Text
+    name: Text
+    input: dict[str, Any]
+
+
+class ToolResultBlock(BaseModel):
+    """What the client's tool returned for a call."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["tool_result"]
+    tool_use_id: Text
+    content: Text | Annotated[list[TextBlock], Field(max_length=MAX_BLOCKS)] | None = None
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
+        else:
+            text = "".join(block.text for block in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(BaseModel):
+    """An earlier answer's reasoning, replayed by a client that had another model answer:
+    dropped (these models do not reason, and their templates have no place for it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+def _block_type(block: Any) -> str:
+    return block.get("type", "") if isinstance(block, dict) else getattr(block, "type", "")
+
+
+Block = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[ThinkingBlock, Tag("redacted_thinking")],
+    Discriminator(_block_type),
+]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["user", "assistant"]
+    content: Text | Annotated[list[Block], Field(min_length=1, max_length=MAX_BLOCKS)]
+
+    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock]:
+        if isinstance(self.content, str):
+            return [TextBlock(type="text", text=self.content)]
+        return list(self.content)
+
+
+class AnthropicTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # cache_control
+
+    type: Literal["custom"] | None = None  # server tools (web search...) are not run here
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # disable_parallel_tool_use: one call at most
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class OutputFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: OutputFormat | None = None
+    effort: str | None = None  # these models do not reason: no effect
+
+
+class MessagesRequest(EdgeRequest):
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "metadata",
+            "service_tier",
+            "thinking",  # these models do not reason
+            "container",
+            "context_management",
+            "cache_control",  # the verifier reuses prompts without being asked
+            "diagnostics",
+            "inference_geo",
+            "speed",
+            "user_profile_id",
+            "workspace_id",
+        }
+    )
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"mcp_servers": (None, [])}
+
+    model: str | None = None
+    max_tokens: int = Field(ge=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_BLOCKS)
+    system: Text | Annotated[list[TextBlock], Field(max_length=MAX_BLOCKS)] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=1 << 20)
+    stop_sequences: list[Text] | None = None
+    stream: bool = False
+    tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The same request as chat completions' (a 400 where it has no such form)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "stream": self.stream,
+            "max_tokens": self.max_tokens,
+        }
+        for name in ("temperature", "top_p", "top_k"):
+            if (value := getattr(self, name)) is not None:
+                body[name] = value
+        if self.stop_sequences:
+            if len(self.stop_sequences) > MAX_STOPS:
+                raise invalid_request(f"stop_sequences: at most {MAX_STOPS} here", "stop_sequences")
+            body["stop"] = self.stop_sequences
+        if self.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                    },
+                }
+                for t in self.tools
+            ]
+        form = self.output_config.format if self.output_config is not None else None
+        if form is not None:
+            json_schema = {"name": "output", "schema": form.schema_, "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
+        choice = self.tool_choice
+        if choice is not None and choice.type == "tool":
+            if choice.name is None:
+                raise invalid_request("tool_choice tool needs its name", "tool_choice.name")
+            body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        # `auto` without tools asks for nothing (some clients always send it).
+        elif choice is not None and (self.tools or choice.type != "auto"):
+            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+        try:
+            return ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise describe_validation(exc.errors()) from None
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.system:
+            system = self.system
+            text = system if isinstance(system, str) else "".join(b.text for b in system)
+            messages.append({"role": "system", "content": text})
+        called: set[str] = set()
+        for i, message in enumerate(self.messages):
+            texts: list[str] = []
+            calls: list[dict[str, Any]] = []
+            for j, block in enumerate(message.blocks()):
+                at = f"messages.{i}.content.{j}"
+                if isinstance(block, TextBlock):
+                    texts.append(block.text)
+                elif isinstance(block, ThinkingBlock):
+                    if message.role != "assistant":
+                        raise invalid_request(f"{at}: {block.type} blocks are the assistant's", at)
+                elif isinstance(block, ToolUseBlock):
+                    if message.role != "assistant":
+                        raise invalid_request(f"{at}: tool_use blocks are the assistant's", at)
+                    arguments = json.dumps(block.input)
+                    if json_depth(arguments) > MAX_ARGUMENTS_DEPTH:
+                        raise invalid_request(
+                            f"{at}.input: nested deeper than {MAX_ARGUMENTS_DEPTH} levels", at
+                        )
+                    called.add(block.id)
+                    function = {"name": block.name, "arguments": arguments}
+                    calls.append({"id": block.id, "function": function})
+                else:
+                    if message.role != "user":
+                        raise invalid_request(f"{at}: tool_result blocks are the user's", at)
+                    if block.tool_use_id not in called:
+                        raise invalid_request(
+                            f"{at}: tool_result for {block.tool_use_id!r}, which no earlier "
+                            "tool_use block made",
+                            f"{at}.tool_use_id",
+                        )
+                    messages.append(
+                        {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text}
+                    )
+            if calls:
+                messages.append(
+                    {"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}
+                )
+            elif texts:
+                messages.append({"role": message.role, "content": "".join(texts)})
+        return messages
+
+
+class CountTokensRequest(MessagesRequest):
+    """`/v1/messages/count_tokens`: a message request without `max_tokens`."""
+
+    max_tokens: int = Field(1, ge=1)

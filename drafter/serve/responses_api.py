@@ -1,0 +1,245 @@
+"""OpenAI's Responses API (`POST /v1/responses`), its stateless core, as a request of the
+one chat model `serve` generates from (drafter/serve/protocol.py): `input` as a text or
+items (messages, earlier function calls and their outputs replayed), `instructions` as
+the system message, `text.format` as `response_format`, function tools as chat's tools.
+A response is not kept (`store` true and `previous_response_id` are refused): a client
+sends the conversation's items each turn, and the verifier's prompt reuse keeps what an
+earlier turn evaluated."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+
+from drafter.serve.edge_request import EdgeRequest
+from drafter.serve.errors import describe_validation, invalid_request
+from drafter.serve.protocol import (
+    MAX_ARGUMENTS_DEPTH,
+    MAX_TOOLS,
+    ChatCompletionRequest,
+    FunctionSpec,
+    JsonSchemaFormat,
+    Text,
+    json_depth,
+)
+
+MAX_ITEMS = 1024
+
+
+class ContentText(BaseModel):
+    """A message's text part: the user's (`input_text`) or an earlier answer's."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text | Annotated[list[ContentText], Field(max_length=MAX_ITEMS)]
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made earlier, replayed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"]
+    call_id: Text
+    name: Text
+    arguments: Text
+
+
+class FunctionCallOutputItem(BaseModel):
+    """What the client's function returned for a call."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Text | Annotated[list[ContentText], Field(max_length=MAX_ITEMS)]
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+def _item_type(item: Any) -> str:
+    # A message may leave its type out (OpenAI's "easy" input message).
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # a call always validates here
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # the only one a model without it has
+
+
+class ResponsesRequest(EdgeRequest):
+    IGNORED: ClassVar[frozenset[str]] = frozenset(
+        {
+            "metadata",
+            "user",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "safety_identifier",
+            "parallel_tool_calls",  # one call at most an answer here
+            "max_tool_calls",
+            "reasoning",  # these models do not reason
+            "stream_options",
+        }
+    )
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "store": (None, False),
+        "previous_response_id": (None,),
+        "conversation": (None,),
+        "prompt": (None,),
+        "background": (None, False),
+        "include": (None, []),
+        "top_logprobs": (None, 0),
+        "truncation": (None, "disabled"),
+        "context_management": (None,),
+    }
+    WHY: ClassVar[dict[str, str]] = {
+        "store": "responses are not kept here: send the conversation's items in `input`",
+        "previous_response_id": "responses are not kept here: send the conversation's items "
+        "in `input`",
+    }
+
+    model: str | None = None
+    input: Text | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_ITEMS)]
+    instructions: Text | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    stream: bool = False
+
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The same request as chat completions' (a 400 where it has no such form)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "stream": self.stream,
+        }
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        form = self.text.format if self.text is not None else None
+        if form is not None and form.type != "text":
+            schema = form.schema_ if form.type == "json_schema" else None
+            if form.type == "json_schema" and schema is None:
+                raise invalid_request("text.format json_schema needs its schema", "text.format")
+            body["response_format"] = {"type": form.type}
+            if schema is not None:
+                body["response_format"]["json_schema"] = JsonSchemaFormat(
+                    name=form.name, schema=schema, strict=form.strict
+                ).model_dump(by_alias=True)
+        if self.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": FunctionSpec(**t.model_dump(exclude={"type", "strict"})),
+                }
+                for t in self.tools
+            ]
+        if isinstance(self.tool_choice, FunctionChoice):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        # `auto` without tools asks for nothing (some clients always send it).
+        elif self.tool_choice is not None and (self.tools or self.tool_choice != "auto"):
+            body["tool_choice"] = self.tool_choice
+        try:
+            return ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise describe_validation(exc.errors()) from None
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        called: set[str] = set()
+        for i, item in enumerate(self.items()):
+            if isinstance(item, MessageItem):
+                messages.append({"role": item.role, "content": item.text})
+            elif isinstance(item, FunctionCallItem):
+                if json_depth(item.arguments) > MAX_ARGUMENTS_DEPTH:
+                    raise invalid_request(
+                        f"input.{i}.arguments: nested deeper than {MAX_ARGUMENTS_DEPTH} levels",
+                        f"input.{i}.arguments",
+                    )
+                called.add(item.call_id)
+                call = {
+                    "id": item.call_id,
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                if item.call_id not in called:
+                    raise invalid_request(
+                        f"input.{i}: function_call_output for call {item.call_id!r}, which no "
+                        "earlier function_call item in input made",
+                        f"input.{i}.call_id",
+                    )
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": item.text}
+                )
+        return messages
