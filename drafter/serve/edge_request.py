@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from drafter.serve.errors import OpenAIError, invalid_request
+from drafter.serve.protocol import MAX_ARGUMENTS_DEPTH
 
 
 class EdgeRequest(BaseModel):
@@ -32,3 +35,39 @@ class EdgeRequest(BaseModel):
 
     def known_fields(self) -> list[str]:
         return [*type(self).model_fields, *self.REFUSED, *self.IGNORED]
+
+
+def nested_depth(value: Any) -> int:
+    """How deep a parsed JSON value's arrays and objects nest, found without recursing
+    (recursion is what a deep value breaks: json's encoder, pydantic's serializer)."""
+    deepest = 0
+    todo = [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        todo += [(child, depth + 1) for child in children]
+    return deepest
+
+
+def not_too_deep(value: Any) -> Any:
+    """A schema or arguments a client sent: written again into prompts and responses, so
+    held to the depth chat's replayed arguments are held to."""
+    if value is not None and nested_depth(value) > MAX_ARGUMENTS_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_ARGUMENTS_DEPTH} levels")
+    return value
+
+
+def edge_error(exc: ValidationError, fields: dict[str, str]) -> OpenAIError:
+    """A refusal of the translated chat request, in the edge API's words: its field names
+    (`fields` maps chat's to them), without pydantic's prefixes."""
+    first = exc.errors()[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    field = fields.get(loc[0], loc[0]) if loc else None
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return invalid_request(f"{field}: {message}" if field else message, param=field)

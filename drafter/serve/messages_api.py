@@ -9,20 +9,28 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
 
-from drafter.serve.edge_request import EdgeRequest
-from drafter.serve.errors import describe_validation, invalid_request
+from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
+from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import (
-    MAX_ARGUMENTS_DEPTH,
     MAX_STOPS,
     MAX_TOOLS,
     ChatCompletionRequest,
     Text,
-    json_depth,
 )
 
 MAX_BLOCKS = 1024
+# The chat request's fields, as this API names them (in its refusals).
+FIELDS = {"stop": "stop_sequences", "response_format": "output_config.format"}
 
 
 class TextBlock(BaseModel):
@@ -40,7 +48,7 @@ class ToolUseBlock(BaseModel):
     type: Literal["tool_use"]
     id: Text
     name: Text
-    input: dict[str, Any]
+    input: Annotated[dict[str, Any], AfterValidator(not_too_deep)]
 
 
 class ToolResultBlock(BaseModel):
@@ -89,7 +97,8 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["user", "assistant"]
-    content: Text | Annotated[list[Block], Field(min_length=1, max_length=MAX_BLOCKS)]
+    # The list first: a bad block is what its errors name (a bad text says little).
+    content: Annotated[list[Block], Field(min_length=1, max_length=MAX_BLOCKS)] | Text
 
     def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock]:
         if isinstance(self.content, str):
@@ -103,7 +112,7 @@ class AnthropicTool(BaseModel):
     type: Literal["custom"] | None = None  # server tools (web search...) are not run here
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: Text | None = None
-    input_schema: dict[str, Any]
+    input_schema: Annotated[dict[str, Any], AfterValidator(not_too_deep)]
 
 
 class ToolChoice(BaseModel):
@@ -117,7 +126,7 @@ class OutputFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     type: Literal["json_schema"]
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: Annotated[dict[str, Any], AfterValidator(not_too_deep)] = Field(alias="schema")
 
 
 class OutputConfig(BaseModel):
@@ -134,7 +143,6 @@ class MessagesRequest(EdgeRequest):
             "service_tier",
             "thinking",  # these models do not reason
             "container",
-            "context_management",
             "cache_control",  # the verifier reuses prompts without being asked
             "diagnostics",
             "inference_geo",
@@ -143,7 +151,10 @@ class MessagesRequest(EdgeRequest):
             "workspace_id",
         }
     )
-    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {"mcp_servers": (None, [])}
+    REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "mcp_servers": (None, []),
+        "context_management": (None,),  # its edits would change the prompt
+    }
 
     model: str | None = None
     max_tokens: int = Field(ge=1)
@@ -157,6 +168,20 @@ class MessagesRequest(EdgeRequest):
     tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
+
+    def prefill(self) -> str:
+        """A last message of the assistant's: the answer's beginning, which it continues
+        (Anthropic's prefill); "" where the last message is the user's."""
+        last = self.messages[-1]
+        if last.role != "assistant":
+            return ""
+        blocks = last.blocks()
+        if not all(isinstance(block, TextBlock | ThinkingBlock) for block in blocks):
+            raise invalid_request(
+                "a last assistant message continues as text: it holds text blocks only",
+                f"messages.{len(self.messages) - 1}.content",
+            )
+        return "".join(block.text for block in blocks if isinstance(block, TextBlock))
 
     def to_chat(self) -> ChatCompletionRequest:
         """The same request as chat completions' (a 400 where it has no such form)."""
@@ -198,9 +223,17 @@ class MessagesRequest(EdgeRequest):
         elif choice is not None and (self.tools or choice.type != "auto"):
             body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
         try:
-            return ChatCompletionRequest.model_validate(body)
+            chat = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
-            raise describe_validation(exc.errors()) from None
+            raise edge_error(exc, FIELDS) from None
+        if self.prefill() and (chat.calls_tools or chat.response_format is not None):
+            # The constraint holds a whole answer, and the prefill is its beginning.
+            raise invalid_request(
+                "a last assistant message (prefill) with tools or output_config.format "
+                "is not supported here",
+                f"messages.{len(self.messages) - 1}",
+            )
+        return chat
 
     def _messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
@@ -209,7 +242,8 @@ class MessagesRequest(EdgeRequest):
             text = system if isinstance(system, str) else "".join(b.text for b in system)
             messages.append({"role": "system", "content": text})
         called: set[str] = set()
-        for i, message in enumerate(self.messages):
+        replayed = self.messages[:-1] if self.prefill() else self.messages
+        for i, message in enumerate(replayed):
             texts: list[str] = []
             calls: list[dict[str, Any]] = []
             for j, block in enumerate(message.blocks()):
@@ -223,10 +257,6 @@ class MessagesRequest(EdgeRequest):
                     if message.role != "assistant":
                         raise invalid_request(f"{at}: tool_use blocks are the assistant's", at)
                     arguments = json.dumps(block.input)
-                    if json_depth(arguments) > MAX_ARGUMENTS_DEPTH:
-                        raise invalid_request(
-                            f"{at}.input: nested deeper than {MAX_ARGUMENTS_DEPTH} levels", at
-                        )
                     called.add(block.id)
                     function = {"name": block.name, "arguments": arguments}
                     calls.append({"id": block.id, "function": function})

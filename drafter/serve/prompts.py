@@ -41,9 +41,12 @@ class Prompted:
     echo: str = ""  # text the choice begins with (`echo`)
 
 
-def chat_prompts(side: TextSide, request: ChatCompletionRequest) -> list[Prompted]:
+def chat_prompts(
+    side: TextSide, request: ChatCompletionRequest, prefill: str = ""
+) -> list[Prompted]:
     """The conversation through the model's chat template; tools the answer may call are
-    described in the system message (drafter/serve/tools.py)."""
+    described in the system message (drafter/serve/tools.py). A `prefill` is the answer's
+    beginning, written after the template's opening of the assistant's turn."""
     messages = [("system" if m.role == "developer" else m.role, m.text) for m in request.messages]
     if request.calls_tools and request.tools:
         described = tools_message(request.tools)
@@ -51,7 +54,7 @@ def chat_prompts(side: TextSide, request: ChatCompletionRequest) -> list[Prompte
             messages[0] = ("system", f"{messages[0][1]}\n\n{described}")
         else:
             messages.insert(0, ("system", described))
-    prompt = side.vocab.apply_chat_template(messages)
+    prompt = side.vocab.apply_chat_template(messages) + prefill
     return [_text(side, prompt, add_bos=not side.vocab.starts_with_bos(prompt))]
 
 

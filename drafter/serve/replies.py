@@ -234,37 +234,13 @@ async def stream(
     shown: Shown,
 ) -> AsyncIterator[ServerSentEvent]:
     """Each choice's events in turn, then the API's closing ones; a choice that fails, or
-    cannot begin, is an error event (the API's) before them."""
+    cannot begin, or whose events cannot be written, is an error event (the API's) before
+    them."""
     answered: list[Answered] = []
     try:
         while started is not None:
-            index = started.choice.index
-            prompt_tokens = len(started.choice.prompted.prompt_ids)
-            for event in writer.opening(index, prompt_tokens):
-                yield event
-            if echo := started.choice.prompted.echo:
-                for event in writer.text(index, echo, None):
-                    yield event
-            sniffer = CallSniffer() if shown.tool_calls else None
-            while (item := await started.events.get()) is not _DONE:
-                text, spelled = item
-                if sniffer is not None:
-                    text = sniffer.feed(text)
-                if text or (shown.logprobs and spelled):
-                    for event in writer.text(index, text, spelled if shown.logprobs else None):
-                        yield event
-            call = None
-            if sniffer is not None:
-                held, call = sniffer.finish()
-                if held:
-                    for event in writer.text(index, held, None):
-                        yield event
-                if call is not None:
-                    for event in writer.call(index, call):
-                        yield event
             try:
-                answered.append(replace(started.answered(), tool_call=call))
-                for event in writer.ending(answered[-1]):
+                async for event in choice_events(writer, started, shown, answered):
                     yield event
                 started = await begin(rest.pop(0)) if rest else None
             except Exception as exc:
@@ -281,6 +257,38 @@ async def stream(
         if started is not None:
             started.generation.cancel.set()  # a no-op once done; stops it if the client left
         gone.cancel()
+
+
+async def choice_events(
+    writer: Writer, started: Started, shown: Shown, answered: list[Answered]
+) -> AsyncIterator[ServerSentEvent]:
+    """One choice's events, as its text comes; the choice, once done, goes in `answered`."""
+    index = started.choice.index
+    for event in writer.opening(index, len(started.choice.prompted.prompt_ids)):
+        yield event
+    if echo := started.choice.prompted.echo:
+        for event in writer.text(index, echo, None):
+            yield event
+    sniffer = CallSniffer() if shown.tool_calls else None
+    while (item := await started.events.get()) is not _DONE:
+        text, spelled = item
+        if sniffer is not None:
+            text = sniffer.feed(text)
+        if text or (shown.logprobs and spelled):
+            for event in writer.text(index, text, spelled if shown.logprobs else None):
+                yield event
+    call = None
+    if sniffer is not None:
+        held, call = sniffer.finish()
+        if held:
+            for event in writer.text(index, held, None):
+                yield event
+        if call is not None:
+            for event in writer.call(index, call):
+                yield event
+    answered.append(replace(started.answered(), tool_call=call))
+    for event in writer.ending(answered[-1]):
+        yield event
 
 
 async def until_disconnected(request: Request) -> None:

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+)
 
-from drafter.serve.edge_request import EdgeRequest
-from drafter.serve.errors import describe_validation, invalid_request
+from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
+from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import (
     MAX_ARGUMENTS_DEPTH,
     MAX_TOOLS,
@@ -25,6 +33,9 @@ from drafter.serve.protocol import (
 )
 
 MAX_ITEMS = 1024
+LOGPROBS = "message.output_text.logprobs"
+# The chat request's fields, as this API names them (in its refusals).
+FIELDS = {"messages": "input", "response_format": "text.format"}
 
 
 class ContentText(BaseModel):
@@ -98,7 +109,7 @@ class FunctionTool(BaseModel):
     type: Literal["function"]
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
     description: Text | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any] | None, AfterValidator(not_too_deep)] = None
     strict: bool | None = None  # a call always validates here
 
 
@@ -114,7 +125,9 @@ class TextFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema"]
     name: str = "response"
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    schema_: Annotated[dict[str, Any] | None, AfterValidator(not_too_deep)] = Field(
+        None, alias="schema"
+    )
     strict: bool | None = None
 
 
@@ -128,11 +141,12 @@ class TextConfig(BaseModel):
 class ResponsesRequest(EdgeRequest):
     IGNORED: ClassVar[frozenset[str]] = frozenset(
         {
-            "metadata",
             "user",
             "service_tier",
             "prompt_cache_key",
             "prompt_cache_retention",
+            "prompt_cache_options",
+            "truncation",  # `auto` or not, a prompt the context cannot hold is a 400 here
             "safety_identifier",
             "parallel_tool_calls",  # one call at most an answer here
             "max_tool_calls",
@@ -146,12 +160,11 @@ class ResponsesRequest(EdgeRequest):
         "conversation": (None,),
         "prompt": (None,),
         "background": (None, False),
-        "include": (None, []),
         "top_logprobs": (None, 0),
-        "truncation": (None, "disabled"),
         "context_management": (None,),
     }
     WHY: ClassVar[dict[str, str]] = {
+        "include": f"{LOGPROBS}: no logprobs through this API",
         "store": "responses are not kept here: send the conversation's items in `input`",
         "previous_response_id": "responses are not kept here: send the conversation's items "
         "in `input`",
@@ -167,6 +180,13 @@ class ResponsesRequest(EdgeRequest):
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     stream: bool = False
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
+    # What else to include: the only one that would change the output here is logprobs.
+    include: list[Annotated[str, Field(max_length=100)]] | None = Field(None, max_length=32)
+
+    def unsupported_fields(self) -> list[str]:
+        refused = super().unsupported_fields()
+        return [*refused, "include"] if LOGPROBS in (self.include or ()) else refused
 
     def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
         if isinstance(self.input, str):
@@ -210,7 +230,7 @@ class ResponsesRequest(EdgeRequest):
         try:
             return ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
-            raise describe_validation(exc.errors()) from None
+            raise edge_error(exc, FIELDS) from None
 
     def _messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

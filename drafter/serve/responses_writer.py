@@ -27,6 +27,7 @@ from drafter.serve.text_out import Spelled
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):
@@ -45,8 +46,8 @@ class ResponseObject(BaseModel):
     id: str
     object: str = "response"
     created_at: int
-    status: str  # in_progress, completed, incomplete
-    error: None = None
+    status: str  # in_progress, completed, incomplete, failed
+    error: dict[str, Any] | None = None
     incomplete_details: dict[str, str] | None = None
     instructions: str | None
     max_output_tokens: int | None
@@ -112,7 +113,7 @@ class ResponsesWriter:
             if isinstance(tool_choice, str)
             else tool_choice.model_dump(),
             "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
-            "metadata": (request.model_extra or {}).get("metadata") or {},
+            "metadata": request.metadata or {},
         }
         if answered is not None:
             finished = answered.finished
@@ -238,7 +239,14 @@ class ResponsesWriter:
         return []
 
     def failure(self, error: OpenAIError) -> list[ServerSentEvent]:
-        return [self._event("error", code=error.code, message=error.message, param=error.param)]
+        """An `error` event, then the response failed (as OpenAI ends such a stream)."""
+        failed = self._response(None).model_copy(
+            update={"status": "failed", "error": {"code": error.code, "message": error.message}}
+        )
+        return [
+            self._event("error", code=error.code, message=error.message, param=error.param),
+            self._event("response.failed", response=failed.model_dump(mode="json")),
+        ]
 
 
 def _output_text(text: str) -> dict[str, Any]:

@@ -20,6 +20,9 @@ from drafter.serve.responses_writer import ResponsesWriter
 from drafter.serve.shapes import Reply
 
 DEFAULT_CHAT_MAX_TOKENS = 512
+# No limit but the verifier's context (the Responses API's default): generation ends
+# when the context is full.
+CONTEXT_LEFT = 1 << 30
 
 
 async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thread hop
@@ -84,7 +87,7 @@ async def responses(http: Request, request: ResponsesRequest, backend: BackendDe
     def render(side: TextSide) -> list[Prompted]:
         return chat_prompts(side, chat)
 
-    max_tokens = request.max_output_tokens or DEFAULT_CHAT_MAX_TOKENS
+    max_tokens = request.max_output_tokens or CONTEXT_LEFT
     writer = ResponsesWriter(request, backend.model_id)
     return await answer(http, backend, chat, render, max_tokens, writer)
 
@@ -101,10 +104,10 @@ async def response_input_tokens(request: ResponsesRequest, backend: BackendDep) 
 async def messages(http: Request, request: MessagesRequest, backend: BackendDep):
     """Anthropic's Messages API (drafter/serve/messages_api.py)."""
     check_fields(request)
-    chat = request.to_chat()
+    chat, prefill = request.to_chat(), request.prefill()
 
     def render(side: TextSide) -> list[Prompted]:
-        return chat_prompts(side, chat)
+        return chat_prompts(side, chat, prefill)
 
     writer = MessagesWriter(backend.model_id)
     return await answer(http, backend, chat, render, request.max_tokens, writer)
@@ -113,6 +116,6 @@ async def messages(http: Request, request: MessagesRequest, backend: BackendDep)
 @router.post("/messages/count_tokens")
 async def count_message_tokens(request: CountTokensRequest, backend: BackendDep) -> dict:
     check_fields(request)
-    chat = request.to_chat()
-    tokens = await count_prompt_tokens(backend, lambda side: chat_prompts(side, chat))
+    chat, prefill = request.to_chat(), request.prefill()
+    tokens = await count_prompt_tokens(backend, lambda side: chat_prompts(side, chat, prefill))
     return {"input_tokens": tokens}

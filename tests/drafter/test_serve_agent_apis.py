@@ -24,6 +24,9 @@ from drafter.settings import DrafterSettings
 QUESTION = [{"role": "user", "content": "hi"}]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 HUGE_SCHEMA = {"type": "object", "description": "x" * 70_000}
+DEEP: dict = {}
+for _ in range(300):
+    DEEP = {"a": DEEP}
 
 
 def client(**settings) -> TestClient:
@@ -66,6 +69,11 @@ def anthropic_error(response, status: int, error_type: str, words: str = "") -> 
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"store": True}, "store"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"metadata": "x"}, "metadata"),
+        ({"metadata": {"a": "x" * 513}}, "metadata"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": DEEP}]}, "parameters"),
+        ({"text": {"format": {"type": "json_schema", "schema": DEEP}}}, "schema"),
+        ({"prompt_cache_option": {}}, "'prompt_cache_options'"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -98,8 +106,9 @@ def test_responses_fields_that_change_nothing_here_are_accepted(api):
         "store": False,
         "reasoning": {"effort": "low"},
         "parallel_tool_calls": True,
-        "truncation": "disabled",
-        "include": [],
+        "truncation": "auto",
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_options": {},
         "user": "me",
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
     }
@@ -119,6 +128,24 @@ def test_responses_fields_that_change_nothing_here_are_accepted(api):
         ({"max_tokens": 8, "messages": QUESTION, "stop_sequence": ["x"]}, "'stop_sequences'"),
         ({"max_tokens": 8, "messages": QUESTION, "stop_sequences": list("abcde")}, "at most"),
         ({"max_tokens": 8, "messages": QUESTION, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
+        ({"max_tokens": 8, "messages": QUESTION, "context_management": {}}, "context_management"),
+        ({"max_tokens": 8, "messages": QUESTION, "stop_sequences": ["x" * 2000]}, "stop_sequences"),
+        ({"max_tokens": 8, "messages": QUESTION, "tools": [{"name": "f", "input_schema": DEEP}]},
+         "input_schema"),
+        (
+            {"max_tokens": 8, "messages": [*QUESTION, {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t", "name": "f", "input": DEEP}]}]},
+            "nested deeper",
+        ),
+        (
+            {"max_tokens": 8, "messages": [*QUESTION, {"role": "assistant", "content": "{"}],
+             "output_config": {"format": {"type": "json_schema", "schema": WEATHER}}},
+            "prefill",
+        ),
+        (
+            {"max_tokens": 8, "tool_choice": {"type": "any"}, "messages": QUESTION},
+            "tool_choice",
+        ),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "role"),
         (
             {"max_tokens": 8, "messages": [{"role": "user", "content": [
@@ -251,7 +278,7 @@ def test_a_streamed_response_numbers_its_events_in_openai_order():
     last = text[-1][1]["response"]
     assert last["output"][0]["content"][0]["text"] == "Hello"
     assert last["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert last["usage"]["input_tokens_details"] == {"cached_tokens": 5}
+    assert last["usage"]["input_tokens_details"]["cached_tokens"] == 5
     called = events(ResponsesWriter(request, "m"), [], answered("", call=CALL))
     assert [kind for kind, _ in called][2:] == [
         "response.output_item.added",
@@ -262,7 +289,8 @@ def test_a_streamed_response_numbers_its_events_in_openai_order():
     ]
     assert called[-1][1]["response"]["output"][0]["call_id"] == "call_abc"
     failed = ResponsesWriter(request, "m").failure(OpenAIError(503, "gone", "verifier_error"))
-    assert json.loads(failed[0].data)["type"] == "error"
+    assert [e.event for e in failed] == ["error", "response.failed"]
+    assert json.loads(failed[1].data)["response"]["status"] == "failed"
 
 
 def test_a_streamed_message_follows_anthropics_order_and_reasons():

@@ -248,6 +248,17 @@ def test_structured_output_through_output_config_and_messages_parse(local_api, l
     assert isinstance(parsed.parsed_output, Person)
 
 
+def test_a_last_assistant_message_is_continued_as_the_verifier_continues_it(
+    local_api, live_verifier
+):
+    prefill = "The capital of France is"
+    message = anthropic_client(local_api).messages.create(
+        model="any", max_tokens=12, extra_body=GREEDY,
+        messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": prefill}],
+    )  # fmt: skip
+    assert message.content[0].text == verifier_text(live_verifier, CHAT_PROMPT + prefill, 12)
+
+
 def test_stop_sequences_end_a_message_and_say_which(local_api, live_verifier):
     full = verifier_text(live_verifier, CHAT_PROMPT, 40)
     stop = full.split()[1]
