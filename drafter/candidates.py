@@ -65,6 +65,11 @@ class Drafter:
         best first (drafter/speculation.py); None where the drafter cannot rank them."""
         return None
 
+    def lookup_draft(self, committed: Sequence[int], k: int) -> Draft:
+        """A draft that costs nothing to make (a lookup's match, up to `k` tokens), for a
+        round that would go without one (drafter/lookup_gate.py); none by default."""
+        return Draft([], None)
+
     def finish(self, text: Sequence[int]) -> None:
         """The generation ended with `text` (its prompt and output): a drafter that
         learns from its user's history keeps it."""

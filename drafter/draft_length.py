@@ -135,6 +135,11 @@ class RoundTiming:
     steps: int = 1  # a round without a draft: the tokens (one pass each) it asked for
     tokens: int = 1  # the tokens it committed
 
+    @property
+    def seconds(self) -> float:
+        """The round as its user waits for it: drafting on its path, then the round trip."""
+        return self.draft_s + self.round_trip_s
+
 
 @dataclass
 class LinkAwareLength(DraftLength):

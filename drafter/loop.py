@@ -25,7 +25,9 @@ from drafter.candidates import Draft, Drafter
 from drafter.draft_length import DraftLength, FixedLength, RoundTiming
 from drafter.draft_readiness import catches_up, drafts_soon, holds_back
 from drafter.errors import VerifierRejected
+from drafter.lookup_gate import LookupGate
 from drafter.remote_session import RemoteSessions
+from drafter.round_parts import count_round, round_timing, verify_request
 from drafter.speculation import SpeculationCache
 from drafter.stats import GenerationStats
 from drafter.warming import Warming
@@ -36,7 +38,6 @@ from server.shared.protocol import (
     VerifyRequest,
     VerifyResponse,
 )
-from server.shared.sampling import sparse
 
 FinishReason = Literal["eos", "max_tokens", "context_full", "interrupted"]
 # Consecutive lost sessions before giving up (a verifier evicting everything, say).
@@ -95,10 +96,12 @@ class SpeculativeLoop:
         branches: int = 4,
         vocab: str = "same",
         clock: Callable[[], float] = time.perf_counter,
+        lookups: LookupGate | None = None,
     ):
         """`pipeline`: draft while rounds are out, for up to `branches` likely answers
         (1: only every token accepted and the drafter's own guess after them). `clock`
-        times everything the loop learns from (tests give one that stands still)."""
+        times everything the loop learns from (tests give one that stands still).
+        `lookups`: a lookup's free drafts where the length sends no draft, if they pay."""
         if isinstance(draft_n, int):
             if draft_n < 0:
                 raise ValueError("draft_n must be >= 0")
@@ -111,14 +114,14 @@ class SpeculativeLoop:
         self.clock = clock
         self.speculation = SpeculationCache(drafter, branches, clock=clock) if pipeline else None
         self.vocab = vocab
+        self.lookups = lookups
         self.result = SpeculativeResult()
         self.sessions = RemoteSessions(verifier)
         # Learned as rounds go: a round trip, and a drafted token (what speculation has).
         self._wait_s = float("inf")
         self._token_s = 0.0
         self.warming = Warming()
-        # The draft model lacks committed tokens that a drafted round would wait for: it
-        # catches up during rounds without a draft, and drafted rounds wait until it has.
+        # The draft model lacks committed tokens: it catches up in rounds without a draft.
         self._behind = False
 
     @property
@@ -202,9 +205,11 @@ class SpeculativeLoop:
                 draft = self.drafter.get_candidates(committed, k)
             else:
                 draft = Draft([], None)
+            looked_up = _looked_up(self, committed, max_tokens) if k == 0 and not held else None
+            draft = looked_up or draft
             draft_s = self.clock() - drafting
             result.stats.draft_time_s += draft_s
-            if draft.tokens and not draft.reused:
+            if draft.tokens and not draft.reused and not looked_up:
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             # No draft: a chunk of the verifier's own tokens, where it decodes them.
             chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens, paced=held)
@@ -230,8 +235,10 @@ class SpeculativeLoop:
                 continue
             lost_in_a_row = 0
             self._wait_s = _ema(self._wait_s, round_trip_s)
-            timing = _round_timing(draft, verdict, draft_s, round_trip_s)
-            yield self._commit(committed, draft, verdict, timing)
+            timing = round_timing(draft, verdict, draft_s, round_trip_s)
+            if self.lookups is not None:
+                self.lookups.answered(looked_up, draft, len(verdict.tokens), timing.seconds)
+            yield self._commit(committed, draft, verdict, timing, lookup=looked_up is not None)
             if verdict.eos:
                 result.finish_reason = "eos"
                 return
@@ -252,20 +259,20 @@ class SpeculativeLoop:
         return min(self.draft_length.next(ahead=ahead), remaining - 1, room)
 
     def _commit(
-        self, committed: list[int], draft: Draft, verdict: VerifyResponse, timing: RoundTiming
+        self,
+        committed: list[int],
+        draft: Draft,
+        verdict: VerifyResponse,
+        timing: RoundTiming,
+        lookup: bool = False,
     ) -> RoundEvent:
-        result, stats = self.result, self.result.stats
         committed.extend(verdict.tokens)
-        result.tokens.extend(verdict.tokens)
-        stats.count_round(
-            len(draft.tokens), verdict.accepted_prefix_len, draft.reused, len(verdict.tokens)
-        )
-        stats.round_trip_s += timing.round_trip_s
-        stats.verifier_time_s += timing.verifier_s
-        stats.generated_tokens = len(result.tokens)
-        self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
+        self.result.tokens.extend(verdict.tokens)
+        count_round(self.result.stats, draft, verdict, timing, len(self.result.tokens), lookup)
+        if not lookup:  # not the model's round: the length learns of its drafts and chunks
+            self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
+            self.draft_length.observe(timing)
         self.draft_length.advise(verdict.advised_draft, verdict.pass_sessions)
-        self.draft_length.observe(timing)
         return RoundEvent(
             draft_tokens=list(draft.tokens),
             accepted_prefix_len=verdict.accepted_prefix_len,
@@ -285,7 +292,7 @@ class SpeculativeLoop:
     ) -> tuple[VerifyResponse, float, Draft | None]:
         """The round's answer, its round trip, and the next round's draft if it was made
         while this one was out (pipelined) for the answer that came."""
-        request = _verify_request(session_id, committed, draft, chunk)
+        request = verify_request(session_id, committed, draft, chunk)
         if sender is None:
             return (*self._timed_verify(request), None)
         in_flight: Future = sender.submit(self._timed_verify, request)
@@ -329,33 +336,6 @@ class SpeculativeLoop:
         return verdict, self.clock() - began
 
 
-def _round_timing(
-    draft: Draft, verdict: VerifyResponse, draft_s: float, round_trip_s: float
-) -> RoundTiming:
-    """What a round cost, as the draft length learns from it."""
-    return RoundTiming(
-        rows=len(draft.tokens) + 1,
-        verifier_s=verdict.timings.engine_ms / 1000.0,
-        round_trip_s=round_trip_s,
-        draft_s=draft_s,
-        drafted_ahead=draft.reused == len(draft.tokens) > 0,
-        steps=1 if draft.tokens else max(1, len(verdict.tokens)),
-        tokens=len(verdict.tokens),
-    )
-
-
-def _verify_request(
-    session_id: str, committed: list[int], draft: Draft, chunk: int
-) -> VerifyRequest:
-    return VerifyRequest(
-        session_id=session_id,
-        n_past=len(committed),
-        draft_tokens=list(draft.tokens),
-        draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
-        chunk_tokens=chunk if chunk > 1 else None,
-    )
-
-
 def _chunk(
     loop: SpeculativeLoop, committed: list[int], max_tokens: int, paced: bool = False
 ) -> int:
@@ -366,6 +346,14 @@ def _chunk(
     room = loop.n_ctx - len(committed) + 1
     chunk = loop.draft_length.chunk(paced=True) if paced else loop.draft_length.chunk()
     return max(1, min(chunk, remaining, room))
+
+
+def _looked_up(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> Draft | None:
+    """A lookup's draft for a round that would go without one, where it may pay."""
+    if loop.lookups is None:
+        return None
+    room = min(loop.n_ctx - len(committed), max_tokens - len(loop.result.tokens) - 1)
+    return loop.lookups.draft(loop.drafter, committed, room)
 
 
 def _ema(mean: float, value: float, weight: float = 0.2) -> float:

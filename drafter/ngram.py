@@ -101,6 +101,10 @@ class ModelWithLookup(Drafter):
             return found
         return self.model.get_candidates(committed, k, stop)
 
+    def lookup_draft(self, committed: Sequence[int], k: int) -> Draft:
+        """The lookup's draft alone: for a round the model would not draft."""
+        return self.lookup.get_candidates(committed, k)
+
     def warm(self, prefill: PrefillRequest, stop: Callable[[], bool] | None = None) -> None:
         self.model.warm(prefill, stop)
 

@@ -12,11 +12,18 @@ from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
 from drafter.draft_length import DoublingLength, DraftLength, FixedLength, LinkAwareLength
 from drafter.errors import DrafterError
+from drafter.lookup_gate import LookupGate
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithLookup, NgramDrafter
 from drafter.output import BaselineResult
-from drafter.settings import LOOKUPS, DrafterKind, DrafterSettings, OutputFormat
+from drafter.settings import (
+    LOOKUPS,
+    MODEL_WITH_LOOKUP,
+    DrafterKind,
+    DrafterSettings,
+    OutputFormat,
+)
 from drafter.suffix import SuffixDrafter, SuffixHistory
 from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
 from server.shared.protocol import (
@@ -193,6 +200,9 @@ def draft_length(
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.
         return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
+    # A lookup behind the model looks through the text between chunks for a match: chunks
+    # paced as a watched generation's, so that a copied span is found soon.
+    watched = watched or settings.drafter in MODEL_WITH_LOOKUP
     return LinkAwareLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens, watched=watched)
 
 
@@ -206,14 +216,18 @@ def speculative_loop(
     history: SuffixHistory | None = None,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(settings))
+    length = draft_length(settings, info, watched)
+    # Where `auto` has the model step aside, a lookup's free drafts may still pay.
+    gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(
         candidate_generator(model, settings, target, history),
         client,
-        draft_n=draft_length(settings, info, watched),
+        draft_n=length,
         n_ctx=info.n_ctx,
         pipeline=settings.use_pipeline,
         branches=settings.branches,
         vocab=model.vocab_relation,
+        lookups=LookupGate(info.max_draft) if gated else None,
     )
 
 

@@ -31,6 +31,8 @@ class DrafterKind(StrEnum):
 
 # Who drafts by looking text up, with no model of its own (drafter/ngram.py, suffix.py).
 LOOKUPS = frozenset({DrafterKind.ngram, DrafterKind.suffix})
+# A lookup with the draft model behind it.
+MODEL_WITH_LOOKUP = frozenset({DrafterKind.model_ngram, DrafterKind.model_suffix})
 
 
 class OutputFormat(StrEnum):
@@ -122,7 +124,9 @@ class DrafterSettings(BaseSettings):
         DrafterKind.model,
         description="Who drafts: the draft model, prompt lookup (ngram, no model), the "
         "user's own history (suffix: this process's generations and --history-file, no "
-        "model), or either lookup with the model behind it (model+ngram, model+suffix).",
+        "model), or either lookup with the model behind it (model+ngram, model+suffix: "
+        "where auto has the model step aside, the lookup's drafts still go while its "
+        "rounds come as fast as the verifier's own tokens).",
     )
     history_file: Path | None = Field(
         None,

@@ -24,6 +24,11 @@ class GenerationStats:
     rounds_without_draft: int = 0
     tokens_without_draft: int = 0
     reused_drafts: int = 0  # draft tokens made while the previous round was in flight
+    # Of the drafted rounds, those of a lookup's draft sent where the draft model stepped
+    # aside (drafter/lookup_gate.py): rounds, tokens drafted and accepted.
+    lookup_rounds: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
     prefill_time_s: float = 0.0  # opening the session (the prompt's prefill)
     draft_time_s: float = 0.0  # drafting while nothing was in flight (the critical path)
     round_trip_s: float = 0.0  # /verify requests, sent to answered, as the drafter saw them
@@ -69,6 +74,12 @@ class GenerationStats:
         self.rejected_rounds += accepted < drafted
         self.reused_drafts += reused
         self.rounds_by_draft_len[drafted] = self.rounds_by_draft_len.get(drafted, 0) + 1
+
+    def count_lookup(self, drafted: int, accepted: int) -> None:
+        """Of the rounds counted, one of a lookup's draft where the model stepped aside."""
+        self.lookup_rounds += 1
+        self.lookup_drafted += drafted
+        self.lookup_accepted += accepted
 
     def add_speculation(self, counts) -> None:
         """The speculation cache's counts (drafter.speculation.SpeculationCounts)."""

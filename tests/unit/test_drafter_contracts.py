@@ -80,7 +80,10 @@ def test_model_with_lookup_forwards_every_hook_but_the_ranking_to_the_model():
     assert both.catch_up([1, 2]) is False
     both.follow(SamplingParams(), None, 2)
     both.finish([1, 2, 3])
-    assert sorted(model.calls) == sorted(set(HOOKS) - {"likely_answers"})
+    # A lookup's own draft, for a round the model would not draft: the lookup's alone.
+    assert both.lookup_draft([5, 6, 7, 5, 6], 2).tokens == [7, 5]
+    assert both.lookup_draft([1, 2, 3, 4], 2).tokens == []
+    assert sorted(model.calls) == sorted(set(HOOKS) - {"likely_answers", "lookup_draft"})
     for hook in HOOKS:  # each overridden, none left to the default
         assert getattr(ModelWithLookup, hook) is not getattr(Drafter, hook), hook
 

@@ -1,0 +1,93 @@
+"""A lookup's free drafts where `auto` has the draft model step aside (chunks of the
+verifier's own tokens): sent while lookup rounds come at least as fast as chunks,
+resting longer each time they lose. The gate alone, then the loop with a clock that moves
+only as the fake verifier says, so every rate measured is fixed."""
+
+from collections.abc import Sequence
+
+from drafter.candidates import Draft, Drafter
+from drafter.draft_length import LinkAwareLength
+from drafter.lookup_gate import MIN_LOOKUP_TOKENS, REST_FIRST, LookupGate
+from drafter.loop import SpeculativeLoop
+from drafter.ngram import ModelWithLookup
+from tests.unit.test_chunk_probes import Clock, TimedDrafter, TimedVerifier
+from tests.unit.test_loop import FakeVerifier, run, target_alone
+
+
+def test_lookups_go_while_no_slower_than_chunks_and_rest_longer_each_time_they_lose():
+    gate = LookupGate(maximum=8)
+    assert not gate.wants(8)  # chunks not measured yet
+    gate.answered(None, Draft([], None), 10, 0.1)  # chunks: 100 a second
+    assert not gate.wants(MIN_LOOKUP_TOKENS - 1) and gate.wants(MIN_LOOKUP_TOKENS)
+    for _ in range(2):  # lookups: 50 a second
+        assert gate.wants(8)
+        gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 2, 0.04)
+    assert gate.resting
+    rests = []
+    for _ in range(3):
+        chunks = 0
+        while not gate.wants(8):
+            gate.answered(None, Draft([], None), 10, 0.1)
+            chunks += 1
+        rests.append(chunks)
+        gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 2, 0.04)  # loses again
+    assert rests == [REST_FIRST, 2 * REST_FIRST, 4 * REST_FIRST]
+    while not gate.wants(8):
+        gate.answered(None, Draft([], None), 10, 0.1)
+    for _ in range(3):  # copies that pay: 9 tokens in 0.05 s
+        gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 9, 0.05)
+    assert not gate.resting and gate.wants(8)
+    # The draft model's rounds are neither kind: not measured.
+    gate.answered(None, Draft([1, 2], None), 1, 10.0)
+    assert not gate.resting
+
+
+class SpanLookup(Drafter):
+    """A lookup that finds the target's next tokens in spans (a copied text) and nothing
+    between them, or (`wrong`) finds a wrong continuation everywhere."""
+
+    def __init__(self, verifier: FakeVerifier, wrong: bool = False):
+        self.verifier = verifier
+        self.wrong = wrong
+
+    def get_candidates(self, committed: Sequence[int], k: int, stop=None) -> Draft:
+        if self.wrong:
+            return Draft([self.verifier.target(committed) + 100] * k, None)
+        if (len(committed) // 40) % 2:  # every other 40 tokens
+            return Draft([], None)
+        context, draft = list(committed), []
+        for _ in range(k):
+            draft.append(self.verifier.target(context))
+            context.append(draft[-1])
+        return Draft(draft, None)
+
+
+def gated_loop(wrong: bool):
+    clock = Clock()
+    verifier = TimedVerifier(clock, 1.0, advice=lambda i: 0)  # the model steps aside
+    drafter = ModelWithLookup(SpanLookup(verifier, wrong), TimedDrafter(verifier, clock))
+    length = LinkAwareLength(maximum=8, max_chunk=64, watched=True)
+    loop = SpeculativeLoop(
+        drafter, verifier, draft_n=length, n_ctx=10_000, clock=clock, lookups=LookupGate(8)
+    )
+    return loop
+
+
+def test_copied_spans_are_drafted_where_the_model_steps_aside():
+    loop = gated_loop(wrong=False)
+    _, result = run(loop, [5, 6, 7], 300)
+    assert result.tokens == target_alone([5, 6, 7], 300, FakeVerifier())
+    stats = result.stats
+    assert stats.lookup_rounds > 5 and stats.lookup_accepted == stats.lookup_drafted
+    assert stats.drafted == stats.lookup_drafted  # the model drafted none
+    assert stats.lookup_accepted + stats.lookup_rounds > 100  # tokens the copies brought
+
+
+def test_lookups_that_lose_rest_and_the_output_is_unchanged():
+    loop = gated_loop(wrong=True)
+    _, result = run(loop, [5, 6, 7], 300)
+    assert result.tokens == target_alone([5, 6, 7], 300, FakeVerifier())
+    stats = result.stats
+    assert stats.lookup_accepted == 0
+    # Without the gate every round would carry the wrong lookup.
+    assert 2 <= stats.lookup_rounds <= 5 < stats.rounds_without_draft
