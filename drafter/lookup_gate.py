@@ -38,10 +38,12 @@ class LookupGate:
 
     def draft(self, drafter: Drafter, committed: Sequence[int], room: int) -> Draft | None:
         """The lookup's draft for a round that would go without one (at most `room`
-        tokens), where it may pay; None otherwise."""
+        tokens), where it may pay; None otherwise (and no lookup made while resting)."""
         k = min(self.maximum, room)
-        found = drafter.lookup_draft(committed, k) if k >= self.min_tokens else None
-        return found if found is not None and self.wants(len(found.tokens)) else None
+        if k < self.min_tokens or not self.open:
+            return None
+        found = drafter.lookup_draft(committed, k)
+        return found if self.wants(len(found.tokens)) else None
 
     def answered(self, looked_up: Draft | None, draft: Draft, tokens: int, seconds: float) -> None:
         """A round's answer, `tokens` committed in `seconds`: measured where the round was
@@ -51,28 +53,36 @@ class LookupGate:
         elif not draft.tokens:
             self.chunk_round(tokens, seconds)
 
+    @property
+    def open(self) -> bool:
+        """Whether a lookup may go now: chunks measured (what lookups are weighed
+        against), and not resting (or a try is due)."""
+        return self._chunks.rate is not None and (not self.resting or self._rest.due)
+
     def wants(self, found: int) -> bool:
         """Whether a lookup draft of `found` tokens goes out instead of a chunk."""
-        if found < self.min_tokens or self._chunks.rate is None:
-            return False  # a chunk first: what lookups are weighed against
-        return not self.resting or self._rest.due
+        return found >= self.min_tokens and self.open
 
     def lookup_round(self, tokens: int, seconds: float) -> None:
         """A lookup round's answer: `tokens` committed in `seconds`."""
         if seconds <= 0:
             return
+        chunks = self._chunks.rate
+        if self.resting:  # a try after a rest, judged on its own
+            if chunks is not None and tokens / seconds < chunks:
+                self._rest.probed()  # lost again: a longer rest
+                return
+            # Won: lookups measured afresh, and the next rest from the shortest.
+            self.resting = False
+            self._lookups = MeasuredRate(MIN_LOOKUP_ROUNDS)
+            self._rest = ProbeSchedule(REST_FIRST, REST_LAST)
         # Neither kind fades the other: lookups come in bursts (a copied span), and a
         # burst would age the chunks' rate out of the comparison.
         self._lookups.add(tokens, seconds, self.decay)
-        lookups, chunks = self._lookups.rate, self._chunks.rate
-        slower = lookups is not None and chunks is not None and lookups < chunks
-        if self.resting and slower:  # a try that lost again: a longer rest
-            self._rest.probed()
-        elif slower:
+        lookups = self._lookups.rate
+        if lookups is not None and chunks is not None and lookups < chunks:
             self.resting = True
             self._rest.put_off()
-        else:
-            self.resting = False
 
     def chunk_round(self, tokens: int, seconds: float) -> None:
         """A round without a draft: `tokens` committed in `seconds`."""

@@ -117,9 +117,8 @@ class SpeculativeLoop:
         self.lookups = lookups
         self.result = SpeculativeResult()
         self.sessions = RemoteSessions(verifier)
-        # Learned as rounds go: a round trip, and a drafted token (what speculation has).
-        self._wait_s = float("inf")
-        self._token_s = 0.0
+        # Learned as rounds go: a round trip, a drafted token (what speculation has).
+        self._wait_s, self._token_s = float("inf"), 0.0
         self.warming = Warming()
         # The draft model lacks committed tokens: it catches up in rounds without a draft.
         self._behind = False
@@ -269,10 +268,11 @@ class SpeculativeLoop:
         committed.extend(verdict.tokens)
         self.result.tokens.extend(verdict.tokens)
         count_round(self.result.stats, draft, verdict, timing, len(self.result.tokens), lookup)
-        if not lookup:  # not the model's round: the length learns of its drafts and chunks
+        if not lookup:  # a lookup's round: the length learns of the model's and chunks
             self.draft_length.update(len(draft.tokens), verdict.accepted_prefix_len)
-            self.draft_length.observe(timing)
         self.draft_length.advise(verdict.advised_draft, verdict.pass_sessions)
+        if not lookup:
+            self.draft_length.observe(timing)
         return RoundEvent(
             draft_tokens=list(draft.tokens),
             accepted_prefix_len=verdict.accepted_prefix_len,

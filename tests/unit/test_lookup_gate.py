@@ -37,6 +37,25 @@ def test_lookups_go_while_no_slower_than_chunks_and_rest_longer_each_time_they_l
     for _ in range(3):  # copies that pay: 9 tokens in 0.05 s
         gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 9, 0.05)
     assert not gate.resting and gate.wants(8)
+    # A try after a rest is judged on its own round, and a win starts rests afresh.
+    losses = 0
+    while not gate.resting:  # 20 a second, after the copies' rounds
+        gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 1, 0.05)
+        losses += 1
+    assert losses <= 10
+    for _ in range(REST_FIRST):
+        assert not gate.wants(8)
+        gate.answered(None, Draft([], None), 10, 0.1)
+    gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 9, 0.05)  # its own: 180 a second
+    assert not gate.resting
+    while not gate.resting:
+        gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 1, 0.05)
+    rest = 0
+    while not gate.wants(8):
+        gate.answered(None, Draft([], None), 10, 0.1)
+        rest += 1
+    assert rest == REST_FIRST
+    gate.answered(Draft([1] * 8, None), Draft([1] * 8, None), 9, 0.05)
     # The draft model's rounds are neither kind: not measured.
     gate.answered(None, Draft([1, 2], None), 1, 10.0)
     assert not gate.resting
