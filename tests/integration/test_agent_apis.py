@@ -17,20 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from scripts.harness.local import LocalServe
 from scripts.harness.metrics import Metrics
 from tests.conftest import TEST_THREADS
+from tests.integration.test_openai_api import WEATHER
 
 pytestmark = pytest.mark.integration
 
 QUESTION = "What is the capital of France?"
 CHAT_PROMPT = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 30},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+WEATHER_PARAMETERS = WEATHER["function"]["parameters"]
 
 
 class Person(BaseModel):
