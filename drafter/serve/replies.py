@@ -122,10 +122,8 @@ async def answer(
     another; returned whole, or streamed, in the shapes of the API `writer` writes."""
     check_fields(request)
     grammar = request_grammar(request)
+    pool, prompts = await rendered(backend, render)
     try:
-        pool = await backend.ready()
-        # Off the event loop: a long prompt takes a while to tokenize.
-        prompts = await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
         for prompted in prompts:
             backend.check_prompt(prompted.prompt_ids)
     except Exception as exc:
@@ -180,12 +178,18 @@ async def answer(
 async def count_prompt_tokens(backend: SpeculativeBackend, render: Render) -> int:
     """How many tokens the request's prompt is (`/messages/count_tokens`,
     `/responses/input_tokens`): the prompt rendered as a generation would render it."""
+    _, prompts = await rendered(backend, render)
+    return sum(len(p.prompt_ids) for p in prompts)
+
+
+async def rendered(backend: SpeculativeBackend, render: Render) -> tuple[SlotPool, list[Prompted]]:
+    """The slots, once the draft model is loaded, and the request's prompts rendered in
+    its vocabulary (off the event loop: a long prompt takes a while to tokenize)."""
     try:
         pool = await backend.ready()
-        prompts = await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
+        return pool, await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
     except Exception as exc:
         raise as_openai_error(exc) from exc
-    return sum(len(p.prompt_ids) for p in prompts)
 
 
 async def begin_choice(

@@ -181,26 +181,34 @@ def test_requests_at_once_each_get_what_they_get_alone(exact, api_with_reuse):
     assert together == alone
 
 
+COUNT = "Count from one to a hundred."
+# Each API's streamed request of the same answer (the Responses and Messages APIs share
+# the chat path underneath, and its hang-up handling).
+STREAMED = {
+    "chat": ("/chat/completions", {"messages": [{"role": "user", "content": COUNT}],
+                                   "max_tokens": 200}),
+    "responses": ("/responses", {"input": COUNT, "max_output_tokens": 200}),
+    "messages": ("/messages", {"messages": [{"role": "user", "content": COUNT}],
+                               "max_tokens": 200}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("api_name", list(STREAMED))
 def test_a_client_that_leaves_ends_its_generation_and_frees_its_verifier_session(
-    live_verifier,
+    live_verifier, api_name
 ):
     """One slot, no queue. Two rounds pass the proxy and the third is held: the
     generation is surely running; /health and /v1/models answer, another request gets
     429. The client closes its stream after its first chunks, and the held round is the
-    last: the session is deleted."""
+    last: the session is deleted. Through each API."""
     proxy = GatedVerifier(live_verifier.url)
     proxy.allow(2)
     api = LocalAPI(proxy.url, "--parallel", "1", "--queue", "0")
     base = api.url.removesuffix("/v1")
-    body = {
-        "model": "any",
-        "messages": [{"role": "user", "content": "Count from one to a hundred."}],
-        "max_tokens": 200,
-        "temperature": 0,
-        "stream": True,
-    }
+    path, fields = STREAMED[api_name]
+    body = {"model": "any", **fields, "temperature": 0, "stream": True}
     try:
-        with httpx.stream("POST", f"{api.url}/chat/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", f"{api.url}{path}", json=body, timeout=120) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
@@ -208,12 +216,14 @@ def test_a_client_that_leaves_ends_its_generation_and_frees_its_verifier_session
             health = httpx.get(f"{base}/health", timeout=30).json()
             assert health["running"] == 1 and health["waiting"] == 0
             assert httpx.get(f"{api.url}/models", timeout=30).status_code == 200
-            refused = httpx.post(
-                f"{api.url}/chat/completions", json={**body, "stream": False}, timeout=30
-            )
+            refused = httpx.post(f"{api.url}{path}", json={**body, "stream": False}, timeout=30)
             assert refused.status_code == 429
             assert int(refused.headers["Retry-After"]) > 0
-            assert refused.json()["error"]["code"] == "queue_full"
+            error = refused.json()["error"]
+            if api_name == "messages":  # Anthropic's shape
+                assert error["type"] == "rate_limit_error"
+            else:
+                assert error["code"] == "queue_full"
         # The stream is closed with its third round still held.
         until(lambda: httpx.get(f"{base}/health").json()["stopping"] == 1, "stop noticed")
         proxy.open()
