@@ -7,18 +7,21 @@ verifier reused (`usage.prompt_tokens_details.cached_tokens`) and the draft mode
 in its own cache, time to first token, and tokens/s after it. Four verifier setups, one
 after the other in the same run:
 
-- tiled (the default): a prompt's tokens up to its last multiple of 64 in passes of 64
-  rows or more (up to n_batch), the rest in passes of fewer; prompt reuse on
-  (docs/numerics.md);
+- tiled (the default): each stretch of a prompt between the model's earlier answers up
+  to its last multiple of 64 in passes of 64 rows or more (up to n_batch), the rest and
+  the answers in passes of fewer; prompt reuse on (docs/numerics.md);
+- answers as text: `VERIFIER_PROMPT_REPLIES_BELOW_TILE=false`, the whole prompt one
+  stretch (its earlier answers tiled too);
 - 48-token chunks: `VERIFIER_PROMPT_TILE_ROWS=0`, every prompt cut into chunks below the
   CPU build's 64-row tile, prompt reuse on;
 - reuse off, same cuts: what reuse alone saves (its text must equal the default's);
 - reuse off, n_batch cuts: `VERIFIER_PREFIX_CACHE=false VERIFIER_PROMPT_TILE_ROWS=0`,
   whole prompts in n_batch chunks, as llama.cpp's own server evaluates them.
 
-Between turns the script waits `--pause` seconds, a user reading the answer: the idle
-verifier evaluates the answer again as the next prompt will (tiled), so that the next
-turn keeps it. Each setup also answers a short fresh prompt, the time to first token to
+Between turns the script waits `--pause` seconds, a user reading the answer (0: an
+agent that replies at once). With answers read as text, the idle verifier evaluates the
+answer again as the next prompt will (tiled), so that the next turn keeps it if it
+comes after that. Each setup also answers a short fresh prompt, the time to first token to
 compare with. Verifier and drafter are pinned to one core each (`taskset`), one thread
 per model.
 
@@ -64,6 +67,7 @@ TURNS = [
 FRESH = "Say hello."
 SETUPS = {
     "tiled (default)": {},
+    "answers as text": {"PROMPT_REPLIES_BELOW_TILE": "false"},
     "48-token chunks": {"PROMPT_TILE_ROWS": "0"},
     "reuse off, same cuts": {"PREFIX_CACHE": "false", "PROMPT_CHUNK": "{chunk}"},
     "reuse off, n_batch cuts": {"PREFIX_CACHE": "false", "PROMPT_TILE_ROWS": "0"},
@@ -183,6 +187,11 @@ def main(argv: list[str] | None = None) -> None:
         help="Seconds between a turn's answer and the next question (a user reading it).",
     )
     parser.add_argument(
+        "--setups",
+        default=",".join(SETUPS),
+        help="Comma-separated verifier setups to run, of: " + ", ".join(SETUPS) + ".",
+    )
+    parser.add_argument(
         "--verifier-model",
         type=Path,
         default=DEFAULT_VERIFIER_MODEL,
@@ -211,7 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DRAFTER_MODEL", str(args.drafter_model))
     rows: list[dict] = []
     chunk = None
-    for name, env in SETUPS.items():
+    chosen = [name.strip() for name in args.setups.split(",")]
+    unknown = [name for name in chosen if name not in SETUPS]
+    if unknown:
+        parser.error(f"unknown setup(s) {unknown}: choose from {list(SETUPS)}")
+    for name in chosen:
+        env = SETUPS[name]
         env = {k: v.format(chunk=chunk) for k, v in env.items()}
         print(f"{name} ({env or 'defaults'})", file=sys.stderr)
         setup_rows, info = run_setup(name, env, args)

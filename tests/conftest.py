@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -113,21 +113,27 @@ class ReferenceDecoder:
             t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)
         }
 
-    def pieces(self, n: int) -> list[slice]:
-        """Where the engine cuts the `n` tokens of a prompt before its last."""
+    def pieces(self, n: int, spans: Sequence[tuple[int, int]] | None = None) -> list[slice]:
+        """Where the engine cuts the `n` tokens of a prompt before its last: `spans` (the
+        positions a chat prompt tiles, stretch by stretch), or by default its tokens up to
+        their last multiple of the tile."""
         tile, chunk = self.tile_rows, self.prompt_chunk
-        tiled = 0
-        if tile and n >= tile:
-            tiled = n if n < 2 * tile else n - n % tile
-        cuts, start = [], 0
-        while start < tiled:
-            size = tiled - start
-            if size > chunk:
-                size = chunk if size - chunk >= tile else size - tile
-            cuts.append(slice(start, start + size))
-            start += size
+        if spans is None:
+            tiled = 0
+            if tile and n >= tile:
+                tiled = n if n < 2 * tile else n - n % tile
+            spans = [(0, tiled)] if tiled else []
         small = tile - 1 if tile else chunk
-        cuts += [slice(s, min(s + small, n)) for s in range(start, n, small)]
+        cuts, start = [], 0
+        for span_start, span_end in [*spans, (n, n)]:
+            cuts += [slice(s, min(s + small, span_start)) for s in range(start, span_start, small)]
+            start = span_start
+            while start < span_end:
+                size = span_end - start
+                if size > chunk:
+                    size = chunk if size - chunk >= tile else size - tile
+                cuts.append(slice(start, start + size))
+                start += size
         return cuts
 
     def greedy(
@@ -135,14 +141,15 @@ class ReferenceDecoder:
         prompt_ids: list[int],
         max_tokens: int,
         adjust: Callable[[list[int], np.ndarray], np.ndarray] | None = None,
+        spans: Sequence[tuple[int, int]] | None = None,
     ) -> list[int]:
         """`adjust(generated, logits)`: the logits as the argmax is to see them, given the
         tokens generated so far (penalties, biases), applied through llama-cpp-python's
-        own logits-processor hook."""
+        own logits-processor hook; `spans`: the prompt's tiled positions (`pieces`)."""
         # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
-        for piece in self.pieces(len(prompt_ids) - 1):
+        for piece in self.pieces(len(prompt_ids) - 1, spans):
             self.llm.eval(prompt_ids[piece])
         self.llm.eval(prompt_ids[-1:])
         out: list[int] = []

@@ -218,9 +218,24 @@ class LlamaVocab:
         bos_text = self.token_text(self.bos_id)
         return bool(bos_text) and text.encode().startswith(bos_text)
 
-    def apply_chat_template(self, messages: Sequence[tuple[str, str]]) -> str:
+    def reply_opener(self) -> list[int]:
+        """The tokens the model's chat template writes to open the assistant's reply
+        (`<|im_start|>assistant\n`), or none where it has no template llama.cpp knows."""
+        messages = [("user", "?")]
+        try:
+            opened = self.apply_chat_template(messages)
+            closed = self.apply_chat_template(messages, add_assistant=False)
+        except LlamaError:
+            return []
+        if not opened.startswith(closed) or opened == closed:
+            return []
+        return self.tokenize(opened[len(closed) :], add_special=False, parse_special=True)
+
+    def apply_chat_template(
+        self, messages: Sequence[tuple[str, str]], add_assistant: bool = True
+    ) -> str:
         """Render (role, content) messages with the model's own chat template, ready for
-        the assistant's turn."""
+        the assistant's turn (`add_assistant`)."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if template is None:
             raise LlamaError(f"{self.model_path.name} has no chat template")
@@ -234,7 +249,9 @@ class LlamaVocab:
         size = 4096 + sum(len(c) for _, c in messages) * 2
         for _ in range(2):
             buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buf, size)
+            n = llama_cpp.llama_chat_apply_template(
+                template, chat, len(messages), add_assistant, buf, size
+            )
             if n < 0:
                 raise LlamaError("llama.cpp does not know this model's chat template")
             if n <= size:

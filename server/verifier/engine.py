@@ -55,7 +55,7 @@ from server.verifier.eviction import Eviction
 from server.verifier.jobs import JobRows, Opened, PrefillWork, VerifyWork, Work
 from server.verifier.packing import Packing
 from server.verifier.prefix_reuse import PrefixReuse
-from server.verifier.prompt_cuts import PromptCuts, tiled_end
+from server.verifier.reply_spans import engine_cuts
 from server.verifier.retile import Retiler
 from server.verifier.rounds import finish_round
 from server.verifier.sessions import Session, SessionTable
@@ -104,7 +104,7 @@ class Engine:
         if reuse and not (report.batch_invariant and report.prefill_chunk_invariant):
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
-        self.cuts = PromptCuts(report.prompt_chunk, report.prompt_tile_rows)
+        self.cuts = engine_cuts(runtime, report, settings.prompt_replies_below_tile)
         self.retiler = Retiler(self.cuts)
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
@@ -122,7 +122,7 @@ class Engine:
             copy=runtime.copy,
             packing=Packing(settings.pack_sessions),
             eviction=Eviction(self.n_seq, settings.key_share),
-            prefix_reuse=PrefixReuse(reuse, self.cuts.tile_rows),
+            prefix_reuse=PrefixReuse(reuse, self.cuts),
         )
 
     # -- facts ------------------------------------------------------------------------
@@ -165,9 +165,9 @@ class Engine:
         prompt_len, constraint = decoding_rules(request, prompt_ids, self.grammars, constraint)
         session_id = request.session_id or uuid.uuid4().hex
         self.sessions.check_new_id(session_id)  # before anything is evicted for it
-        # A reopened session's tiled part ends where its original prompt's did.
-        tiled_to = tiled_end(prompt_len, self.cuts.tile_rows)
-        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep, tiled_to)
+        # A reopened session's generated tokens go below the tile, as its rounds did.
+        tiling = self.cuts.tiling(prompt_ids, prompt_len)
+        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep, tiling)
         session = Session(
             session_id=session_id,
             seq_id=reservation.seq_id,
@@ -180,9 +180,9 @@ class Engine:
             owner=owner,
             logprobs=request.logprobs,
             constraint=constraint,  # the grammar's state (compiled once per grammar)
-            tiled=tiled_to,
+            tiling=tiling,
         )
-        work = PrefillWork(session, prompt_ids[:-1], reservation, tiled_to)
+        work = PrefillWork(session, prompt_ids[:-1], reservation, tiling)
         self._prefills[session.seq_id] = work
         return work
 
@@ -225,7 +225,7 @@ class Engine:
         job finished or undone. `interleaved`: rounds wait for the prompts' turn to end."""
         jobs = [JobRows(w.session.seq_id, w.start, w.tokens, True) for w in rounds]
         for work in prompts:
-            n = self.cuts.piece(work.evaluated, work.tiled_to, len(work.to_evaluate), interleaved)
+            n = self.cuts.piece(work.evaluated, work.tiling, len(work.to_evaluate), interleaved)
             chunk = work.to_evaluate[work.evaluated : work.evaluated + n]
             jobs.append(JobRows(work.session.seq_id, work.evaluated, chunk, False))
         works: list[Work] = [*rounds, *prompts]

@@ -39,6 +39,11 @@ import numpy as np
 
 from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
+from server.verifier.prompt_probe import (
+    chunking_difference,
+    stretch_cuts_difference,
+    tiled_cuts_difference,
+)
 from server.verifier.settings import VerifierSettings
 
 PROBE_TEXT = (
@@ -49,7 +54,6 @@ PROBE_CONTEXT = 24  # tokens each sequence holds before the probed rounds
 # A longer context for one sequence, past 256 cells: from there llama.cpp's CPU flash
 # attention splits a lone row's keys between threads (docs/numerics.md).
 LONG_CONTEXT = 320
-PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernels change
 # Shorter prompt chunks tried when prompt reuse is wanted and n_batch is not exact.
 AUTO_PROMPT_CHUNKS = (48, 32, 16)
 TIMED_REPEATS = 3
@@ -178,6 +182,7 @@ def probe(
     split to try where the first chunk length is not exact; `long_context` > the short
     one: a round after that many cells is checked too. Leaves every sequence empty."""
     ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
+    long_ids = target.tokenize(PROBE_TEXT * 16, add_special=True)  # for the prompt checks
 
     def rounds(shapes: PassShapes) -> InvarianceReport:
         long = None
@@ -202,11 +207,12 @@ def probe(
         chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
         if not report.batch_invariant:
             chunks = chunks[:1]  # shorter chunks serve only reuse, which needs exact rounds
-        diffs = [_prompt_chunking(target, shapes, chunks[0])]
+        diffs = [chunking_difference(target, shapes, chunks[0], long_ids)]
         if diffs[0] != 0.0 and tile_rows and report.batch_invariant and not report.pinned_width:
             split = max(
-                _tiled_cuts(target, shapes, tile_rows),
-                _prompt_chunking(target, shapes, tile_rows - 1),
+                tiled_cuts_difference(target, shapes, tile_rows, long_ids),
+                chunking_difference(target, shapes, tile_rows - 1, long_ids),
+                stretch_cuts_difference(target, shapes, tile_rows, long_ids),
             )
             if split == 0.0:
                 return replace(
@@ -219,7 +225,7 @@ def probe(
         for chunk in chunks[1:]:
             if diffs[-1] == 0.0:
                 break
-            diffs.append(_prompt_chunking(target, shapes, chunk))
+            diffs.append(chunking_difference(target, shapes, chunk, long_ids))
     finally:
         for seq_id in range(target.n_seq):
             target.remove(seq_id, -1)
@@ -357,42 +363,3 @@ def _pass_cost(
     if per_row <= 0:
         return float(round_rows * target.n_seq), timings  # rows cost nothing measurable: fill
     return max(0.0, (one - per_row * round_rows) / per_row), timings
-
-
-def _prompt_chunking(target: ProbeTarget, shapes: PassShapes, chunk: int) -> float:
-    """The largest logit difference for a prompt's next token between the prompt
-    evaluated in chunks of `chunk` tokens from its start and cut elsewhere. The cuts fall
-    off any power-of-two grid: kernels that work in tiles of rows agree with themselves
-    when cuts fall on tiles."""
-    limit = min(chunk, PROBE_PROMPT) + 1
-    ids = target.tokenize(PROBE_TEXT * 8, add_special=True)[:limit]
-    *prompt, last = ids
-    n = len(prompt)
-    odd = min(37, n // 2) | 1
-    rows = []
-    for first in (n, odd, n - 1):
-        target.remove(0, -1)
-        target.evaluate_prompt(0, prompt[:first], 0, chunk, shapes)
-        target.evaluate_prompt(0, prompt[first:], first, chunk, shapes)
-        rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
-    return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])
-
-
-def _tiled_cuts(target: ProbeTarget, shapes: PassShapes, tile_rows: int) -> float:
-    """The largest logit difference for a prompt's next token between its tiled part
-    (every token but the next, longer than two passes of `tile_rows`) evaluated in one
-    pass and cut into passes of at least `tile_rows` elsewhere: where a cached prefix ends
-    and a cold prompt goes on."""
-    n = min(2 * tile_rows + 37, target.n_batch)
-    ids = target.tokenize(PROBE_TEXT * 16, add_special=True)[: n + 1]
-    *prompt, last = ids
-    n = len(prompt)
-    rows = []
-    for cuts in ((n,), (tile_rows, n - tile_rows), (n - tile_rows, tile_rows)):
-        target.remove(0, -1)
-        start = 0
-        for size in cuts:
-            target.evaluate_prompt(0, prompt[start : start + size], start, size, shapes)
-            start += size
-        rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
-    return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from server.shared.protocol import PrefillResponse
+from server.verifier.prompt_cuts import Tiling
 from server.verifier.sessions import Reservation, Session
 
 
@@ -18,7 +19,7 @@ class PrefillWork:
     session: Session
     to_evaluate: list[int]  # the prompt but its last token (that one is the pending token)
     reservation: Reservation  # its sequence: how many tokens were reused, what made room
-    tiled_to: int = 0  # its tiled part ends here (prompt_cuts.py)
+    tiling: Tiling = ()  # the positions it evaluates in tiled passes (prompt_cuts.py)
     evaluated: int = 0  # starts at the reused tokens: their cells were already there
     closed: bool = False  # finished or undone: nothing of it is left to run
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from server.shared.prefix import common_prefix_len
-from server.verifier.prompt_cuts import retile_plan, reusable
+from server.verifier.prompt_cuts import PromptCuts, Tiling, retile_plan, reusable
 
 
 @dataclass(frozen=True)
@@ -25,16 +25,16 @@ class CachedPrefix:
     owner: str
     tokens: list[int]  # exactly what the sequence's KV cells hold, in position order
     cached_at: float = field(default_factory=time.monotonic)
-    tiled: int = 0  # its first cells written in tiled passes (prompt_cuts.py)
+    tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
 
 
 class PrefixReuse:
     """The cached prefixes, by KV sequence id, least recently cached first, and which one
     a prompt reuses. `min_tokens` 0: none is kept or reused."""
 
-    def __init__(self, min_tokens: int, tile_rows: int = 0):
+    def __init__(self, min_tokens: int, cuts: PromptCuts | None = None):
         self.min_tokens = min_tokens
-        self.tile_rows = tile_rows
+        self.cuts = cuts or PromptCuts(0)
         self._cached: OrderedDict[int, CachedPrefix] = OrderedDict()
 
     def __contains__(self, seq_id: object) -> bool:
@@ -60,12 +60,13 @@ class PrefixReuse:
         """The prefix at `seq_id` now lives at `to`, in the same place in the order."""
         self._cached = OrderedDict((to if s == seq_id else s, p) for s, p in self._cached.items())
 
-    def to_retile(self) -> tuple[int, int, int] | None:
-        """A cached prefix whose cells are not what a prompt ending in its last tile would
-        write (the generated tokens of the session it was), most recently cached first:
-        its seq id and `retile_plan`'s (start, tiled_to)."""
+    def to_retile(self) -> tuple[int, int, Tiling] | None:
+        """A cached prefix whose cells are not what a prompt going on past its last tile
+        would write (the generated tokens of the session it was, outside a chat reply),
+        most recently cached first: its seq id and `retile_plan`'s (start, tiling)."""
+        cuts = self.cuts
         for seq_id, prefix in reversed(self._cached.items()):
-            plan = retile_plan(len(prefix.tokens), prefix.tiled, self.tile_rows)
+            plan = retile_plan(prefix.tokens, prefix.tiling, cuts.tile_rows, cuts.replies)
             if plan is not None:
                 return seq_id, *plan
         return None
@@ -73,18 +74,20 @@ class PrefixReuse:
     def older_than(self, ttl_s: float, now: float) -> list[int]:
         return [s for s, p in self._cached.items() if now - p.cached_at > ttl_s]
 
-    def take(self, owner: str, prompt: Sequence[int], tiled_end: int = 0) -> tuple[int, int] | None:
+    def take(
+        self, owner: str, prompt: Sequence[int], tiling: Tiling = ()
+    ) -> tuple[int, int] | None:
         """The seq id of `owner`'s prefix to reuse for `prompt`, taken out of the cache,
         and how many of its tokens to keep (never the prompt's last token: that one is
         evaluated with the first round; only cells the prompt's own evaluation would
-        write, its tiled part ending at `tiled_end`); None when none keeps `min_tokens`."""
+        write, tiled as `tiling` says); None when none keeps `min_tokens`."""
         if not self.min_tokens or len(prompt) < 2:
             return None
         best_seq, best_len = None, 0
         for seq_id, prefix in self._cached.items():
             if prefix.owner == owner:
                 n = min(common_prefix_len(prefix.tokens, prompt), len(prompt) - 1)
-                n = reusable(n, prefix.tiled, tiled_end, self.tile_rows)
+                n = reusable(n, prefix.tiling, tiling, self.cuts.tile_rows)
                 if n > best_len:
                     best_seq, best_len = seq_id, n
         if best_seq is None or best_len < self.min_tokens:

@@ -4,39 +4,57 @@ keep, so that a prompt's numbers are the same cold, reused and reopened.
 A kernel may take another path from some number of rows of one sequence in a pass (the
 CPU build's flash attention works in tiles of 64 query rows from 64 rows on), and a row's
 numbers then depend on which path computed it, not on which other rows shared its pass
-(docs/numerics.md, "Prompt chunks and prompt reuse"). So a prompt is evaluated in two
-parts, each a function of the prompt alone:
+(docs/numerics.md, "Prompt chunks and prompt reuse"). So each position of a prompt is
+written by one path, a function of the prompt's tokens alone (its `Tiling`):
 
-- its tiled part, positions [0, tiled_end): in passes of at least `tile_rows` rows, cut
-  anywhere (the tiled path's numbers do not depend on the cuts), as large as the decoder
-  allows: the machine's speed for a cold prompt;
+- tiled stretches: in passes of at least `tile_rows` rows of the stretch, cut anywhere
+  (the tiled path's numbers do not depend on the cuts), as large as the decoder allows:
+  the machine's speed for a cold prompt;
 - the rest: in passes of fewer rows (cut anywhere too), as generated tokens are.
 
-The tiled part ends at the last multiple of `tile_rows` in the prompt (its last token
-left out: that one is the first round's row), so that a conversation's next turn, which
-repeats this one and adds a little, mostly ends its tiled part at the same place and
-keeps every cell; a prompt shorter than two tiles is tiled whole if it fills one (one
-pass, no rest), and not at all if it does not. A reopened session's tiled part ends
-where its original prompt's did. A cached prefix remembers how many of its cells are
-tiled; a prompt keeps the cells that are what its own cold evaluation would write, and
+A prompt is read as stretches of text between the model's replies: a reply starts after
+the reply opener the chat template writes (`<|im_start|>assistant\n`) and ends before the
+next end-of-turn token; a prompt with no opener is one stretch. Replies are evaluated
+below the tile, as the rounds that generated them were, so a conversation's next turn,
+sent at once, keeps its earlier answers' cells. A stretch's tiled part ends at its last
+multiple of `tile_rows` from the stretch's start (its last token left out: in the prompt
+that ended there, the first round's row); a stretch shorter than two tiles is tiled whole
+if it fills one, and not at all if it does not. So a stretch is cut the same way in every
+prompt that holds it whole, and only a prompt's last stretch changes with the next turn.
+A reopened session's generated tokens are below the tile. A cached prefix remembers its
+tiling; a prompt keeps the cells that are what its own cold evaluation would write, and
 never leaves a tiled remainder shorter than `tile_rows` to evaluate. Idle, the verifier
-evaluates a cached prefix again the way a prompt ending in its last tile would
-(`retile_plan`). `tile_rows` 0: one path for every row count, nothing tiled.
+evaluates a cached prefix's last stretch again the way a prompt ending in its last tile
+would (`retile_plan`). `tile_rows` 0: one path for every row count, nothing tiled.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Tiled spans [start, end), in order, apart, each at least a tile long; the rest below.
+Tiling = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Replies:
+    """Where a chat prompt holds the model's replies: after `opener`, up to an `ends`
+    token. No opener: no replies (every prompt one stretch)."""
+
+    opener: tuple[int, ...] = ()
+    ends: frozenset[int] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
 class PromptCuts:
     """How this server cuts prompts: `chunk` tokens a decode at most (`interleaved` while
-    rounds wait their turn), and with `tile_rows` > 0 a tiled part and the rest in
+    rounds wait their turn), and with `tile_rows` > 0 tiled stretches and the rest in
     passes of at most `tile_rows` - 1."""
 
     chunk: int
     tile_rows: int = 0
+    replies: Replies = Replies()
 
     @property
     def small(self) -> int:
@@ -46,15 +64,18 @@ class PromptCuts:
     def interleaved(self) -> int:
         return 2 * self.tile_rows if self.tile_rows else self.chunk
 
-    def piece(self, done: int, tiled_to: int, total: int, interleaved: bool = False) -> int:
+    def tiling(self, tokens: Sequence[int], prompt_len: int) -> Tiling:
+        return prompt_tiling(tokens, prompt_len, self.tile_rows, self.replies)
+
+    def piece(self, done: int, tiling: Tiling, total: int, interleaved: bool = False) -> int:
         size = self.interleaved if interleaved else self.chunk
-        return next_piece(done, tiled_to, total, size, self.small, self.tile_rows)
+        return next_piece(done, tiling, total, size, self.small, self.tile_rows)
 
 
-def tiled_end(prompt_len: int, tile_rows: int) -> int:
-    """Where a prompt's tiled part ends, of its tokens but the last (the first round's
-    row): the last multiple of `tile_rows`; all of them below two tiles; none below one."""
-    evaluated = prompt_len - 1
+def tiled_end(stretch_len: int, tile_rows: int) -> int:
+    """Where a stretch's tiled part ends, from its start, of its tokens but the last: the
+    last multiple of `tile_rows`; all of them below two tiles; none below one."""
+    evaluated = stretch_len - 1
     if not tile_rows or evaluated < tile_rows:
         return 0
     if evaluated < 2 * tile_rows:
@@ -62,44 +83,102 @@ def tiled_end(prompt_len: int, tile_rows: int) -> int:
     return evaluated - evaluated % tile_rows
 
 
-def next_piece(done: int, tiled_to: int, total: int, size: int, small: int, tile_rows: int) -> int:
+def stretches(tokens: Sequence[int], prompt_len: int, replies: Replies) -> list[tuple[int, int]]:
+    """The prompt's stretches outside replies, [start, end): each ends with a reply
+    opener, or where the prompt does."""
+    opener, found, start, p = replies.opener, [], 0, 0
+    k = len(opener)
+    while k and p + k <= prompt_len:
+        if tokens[p] != opener[0] or tuple(tokens[p : p + k]) != opener:
+            p += 1
+            continue
+        found.append((start, p + k))
+        p += k
+        while p < prompt_len and tokens[p] not in replies.ends:
+            p += 1
+        start = p
+    if start < prompt_len:
+        found.append((start, prompt_len))
+    return found
+
+
+def prompt_tiling(
+    tokens: Sequence[int], prompt_len: int, tile_rows: int, replies: Replies = Replies()
+) -> Tiling:
+    """What a prompt's cold evaluation tiles: each stretch's tiled part."""
+    if not tile_rows:
+        return ()
+    spans = (
+        (s, s + tiled_end(e - s, tile_rows)) for s, e in stretches(tokens, prompt_len, replies)
+    )
+    return tuple((s, e) for s, e in spans if e > s)
+
+
+def clip(tiling: Tiling, n: int) -> Tiling:
+    """The tiling of a prompt's first `n` positions."""
+    return tuple((s, min(e, n)) for s, e in tiling if s < n)
+
+
+def span_at(tiling: Tiling, position: int) -> tuple[int, int] | None:
+    return next(((s, e) for s, e in tiling if s <= position < e), None)
+
+
+def next_piece(done: int, tiling: Tiling, total: int, size: int, small: int, tile_rows: int) -> int:
     """How many tokens the next decode of a prompt takes, `done` of `total` evaluated:
-    within the tiled part at most `size` but never fewer than `tile_rows`, and never
-    leaving fewer than `tile_rows` of it for later; after it at most `small` (< tile_rows).
-    """
-    if done < tiled_to:
-        left = tiled_to - done
+    within a tiled span at most `size` but never fewer than `tile_rows`, and never leaving
+    fewer than `tile_rows` of it for later; elsewhere at most `small` (< tile_rows), never
+    into the next span."""
+    span = span_at(tiling, done)
+    if span is not None:
+        left = span[1] - done
         if left <= size:
             return left
         return size if left - size >= tile_rows else left - tile_rows
-    return min(small, total - done)
+    following = min((s for s, _ in tiling if s > done), default=total)
+    return min(small, following - done, total - done)
 
 
-def reusable(common: int, cached_tiled: int, prompt_tiled_end: int, tile_rows: int) -> int:
+def first_difference(a: Tiling, b: Tiling, limit: int) -> int:
+    """The first position below `limit` that one tiling tiles and the other does not."""
+    for p in sorted({0, *(x for span in (*a, *b) for x in span)}):
+        if p >= limit:
+            break
+        if (span_at(a, p) is None) != (span_at(b, p) is None):
+            return p
+    return limit
+
+
+def reusable(common: int, cached: Tiling, prompt: Tiling, tile_rows: int) -> int:
     """How many of a cached prefix's cells a prompt keeps. The prefix shares `common`
-    tokens with the prompt; its first `cached_tiled` cells were written in tiled passes,
-    the rest in passes of fewer rows. The prompt's own cold evaluation tiles its first
-    `prompt_tiled_end` positions and not the rest: the kept cells must be exactly those,
-    and what is left of the tiled part must fill a pass."""
+    tokens with the prompt; `cached` says which of its cells were written in tiled
+    passes, `prompt` which positions the prompt's own cold evaluation tiles: the kept
+    cells must be exactly those, and what is left of a tiled span must fill a pass."""
     if not tile_rows:
         return common
-    kept = common
-    if cached_tiled != prompt_tiled_end:
-        kept = min(common, cached_tiled, prompt_tiled_end)
-    if kept < prompt_tiled_end and prompt_tiled_end - kept < tile_rows:
-        kept = max(0, prompt_tiled_end - tile_rows)
+    kept = first_difference(cached, prompt, common)
+    span = span_at(prompt, kept)
+    if span is not None and span[0] < kept and span[1] - kept < tile_rows:
+        kept = max(span[0], span[1] - tile_rows)
     return kept
 
 
-def retile_plan(n_cells: int, cached_tiled: int, tile_rows: int) -> tuple[int, int] | None:
-    """A cached prefix of `n_cells` cells, its first `cached_tiled` tiled, evaluated again
-    as a prompt ending in its last tile would be: (start, tiled_to), its cells from
-    `start` removed, [start, tiled_to) evaluated in tiled passes (from early enough to
-    fill one: tiled cells evaluated again come out the same), the rest in passes below
-    the tile; None when there is nothing to do."""
-    if not tile_rows or n_cells < 2 * tile_rows:
+def retile_plan(
+    tokens: Sequence[int], cached: Tiling, tile_rows: int, replies: Replies = Replies()
+) -> tuple[int, Tiling] | None:
+    """A cached prefix holding `tokens`, its cells tiled as `cached` says, evaluated again
+    as a prompt that goes on past its last tile would be: (start, tiling), its cells from
+    `start` removed and evaluated again (from early enough to fill a tiled pass: tiled
+    cells evaluated again come out the same); None when there is nothing to do. Only its
+    last stretch can want it (a reply is below the tile already), and only one of two
+    tiles or more (a longer prompt's stretch below two tiles is tiled whole)."""
+    n, opener = len(tokens), replies.opener
+    found = stretches(tokens, n, replies) if tile_rows else []
+    if not found or found[-1][1] != n or n - found[-1][0] < 2 * tile_rows:
         return None
-    tiled_to = n_cells - n_cells % tile_rows
-    if cached_tiled >= tiled_to:
-        return None
-    return min(cached_tiled, tiled_to - tile_rows), tiled_to
+    if opener and tuple(tokens[n - len(opener) :]) == opener:
+        return None  # its last stretch is closed: a next prompt holds it whole, as cut
+    last = found[-1][0]
+    length = n - last
+    target = (*prompt_tiling(tokens, last, tile_rows, replies), (last, n - length % tile_rows))
+    start = reusable(n, cached, target, tile_rows)
+    return None if start >= n else (start, target)

@@ -1,13 +1,15 @@
 """Idle work: a cached prefix evaluated again the way a prompt repeating it would be.
 
-A session's generated tokens were rows of rounds (passes below the tile), but the same
-client's next prompt holds them as prompt tokens, which its cold evaluation tiles
-(prompt_cuts.py): reused as they are they would answer otherwise, so that prompt would
-keep only the cells before them. Evaluated again while the verifier has nothing else to
-do, they are kept whole. One piece at a time (two tiles at most), so that a request that
-arrives meanwhile waits for one piece, never for a whole prefix: between pieces the
-cached prefix holds exactly the cells evaluated so far, and the plan (`Retiling`) goes on
-at the next idle moment, or is dropped if the prefix was taken, moved or dropped.
+A session's generated tokens were rows of rounds (passes below the tile). A chat's next
+prompt holds them as a reply, below the tile too; but a prompt that goes on from them
+without a reply opener (a completion continued) holds them in its last stretch, which its
+cold evaluation tiles (prompt_cuts.py): reused as they are they would answer otherwise,
+so that prompt would keep only the cells before them. Evaluated again while the verifier
+has nothing else to do, they are kept whole. One piece at a time (two tiles at most), so
+that a request that arrives meanwhile waits for one piece, never for a whole prefix:
+between pieces the cached prefix holds exactly the cells evaluated so far, and the plan
+(`Retiling`) goes on at the next idle moment, or is dropped if the prefix was taken,
+moved or dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from server.shared.runtime import LlamaRuntime
 from server.verifier.decoder import PassDecoder
 from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
-from server.verifier.prompt_cuts import PromptCuts
+from server.verifier.prompt_cuts import PromptCuts, Tiling, clip
 from server.verifier.sessions import SessionTable
 
 log = logging.getLogger(__name__)
@@ -28,11 +30,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Retiling:
     """A cached prefix being evaluated again: its sequence, all the tokens it is to hold
-    again, and where their tiled part ends."""
+    again, and which of them go in tiled passes."""
 
     seq_id: int
     tokens: list[int]
-    tiled_to: int
+    tiling: Tiling
 
 
 class Retiler:
@@ -55,7 +57,7 @@ class Retiler:
             return 0
         cached = sessions.cached_prefixes[plan.seq_id]
         done = len(cached.tokens)
-        n = self.cuts.piece(done, plan.tiled_to, len(plan.tokens), interleaved=True)
+        n = self.cuts.piece(done, plan.tiling, len(plan.tokens), interleaved=True)
         piece = JobRows(plan.seq_id, done, plan.tokens[done : done + n], False)
         try:
             decoder.decode([piece], shapes)
@@ -70,7 +72,7 @@ class Retiler:
             return 0
         done += n
         # In its place in the cache's order, its age unchanged.
-        kept = replace(cached, tokens=plan.tokens[:done], tiled=min(done, plan.tiled_to))
+        kept = replace(cached, tokens=plan.tokens[:done], tiling=clip(plan.tiling, done))
         sessions.prefix_reuse.keep(plan.seq_id, kept)
         if done == len(plan.tokens):
             self.plan = None
@@ -84,7 +86,7 @@ class Retiler:
             self.plan = None
             return None
         done = len(cached.tokens)
-        if cached.tokens != plan.tokens[:done] or cached.tiled != min(done, plan.tiled_to):
+        if cached.tokens != plan.tokens[:done] or cached.tiling != clip(plan.tiling, done):
             self.plan = None
             return None
         return plan
@@ -94,7 +96,7 @@ class Retiler:
         found = sessions.prefix_reuse.to_retile()
         if found is None:
             return None
-        seq_id, start, tiled_to = found
+        seq_id, start, tiling = found
         cached = sessions.cached_prefixes[seq_id]
         try:
             runtime.remove(seq_id, start)
@@ -102,7 +104,8 @@ class Retiler:
             log.exception("could not trim a cached prefix to evaluate it again; dropping it")
             sessions.drop_prefix(seq_id)
             return None
-        kept = replace(cached, tokens=cached.tokens[:start], tiled=start)  # cells [0, start) tiled
+        # Its cells [0, start) are what the plan's tiling says already.
+        kept = replace(cached, tokens=cached.tokens[:start], tiling=clip(tiling, start))
         sessions.prefix_reuse.keep(seq_id, kept)
-        self.plan = Retiling(seq_id, list(cached.tokens), tiled_to)
+        self.plan = Retiling(seq_id, list(cached.tokens), tiling)
         return self.plan

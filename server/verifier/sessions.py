@@ -27,6 +27,7 @@ from server.verifier.errors import ServerFull, SessionBusy, SessionExists, Sessi
 from server.verifier.eviction import Eviction
 from server.verifier.packing import Packing
 from server.verifier.prefix_reuse import CachedPrefix, PrefixReuse
+from server.verifier.prompt_cuts import Tiling, clip
 from server.verifier.sequence_ids import SequenceIds
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class Session:
     last_round_key: tuple | None = None
     last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
-    tiled: int = 0  # its first cells written in tiled passes (prompt_cuts.py)
+    tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
@@ -126,14 +127,14 @@ class SessionTable:
 
     def reserve(
         self, session_id: str, owner: str, prompt: Sequence[int], keep: Iterable[str] = (),
-        tiled_end: int = 0,
+        tiling: Tiling = (),
     ) -> Reservation:  # fmt: skip
         """A sequence for the prefill of session `session_id` (checked by check_new_id):
         the prefix cache's choice, trimmed to what it shares with `prompt` (and to the
-        cells the prompt's tiled part, ending at `tiled_end`, would write), or an empty
+        cells the prompt's own evaluation, tiled as `tiling` says, would write), or an empty
         one, made free by the eviction policy when none is: never from a session with a
         round begun or named in `keep` (sessions with work queued)."""
-        reused = self._take_prefix(owner, prompt, session_id, tiled_end)
+        reused = self._take_prefix(owner, prompt, session_id, tiling)
         if reused is not None:
             seq_id, moved = self._place(reused[0])
             return Reservation(seq_id, reused[1], moved=moved)
@@ -211,9 +212,9 @@ class SessionTable:
         return True
 
     def _take_prefix(
-        self, owner: str, prompt: Sequence[int], session_id: str, tiled_end: int
+        self, owner: str, prompt: Sequence[int], session_id: str, tiling: Tiling
     ) -> tuple[int, int] | None:
-        chosen = self.prefix_reuse.take(owner, prompt, tiled_end)
+        chosen = self.prefix_reuse.take(owner, prompt, tiling)
         if chosen is None:
             return None
         seq_id, n = chosen
@@ -311,7 +312,7 @@ class SessionTable:
         if keep_prefix and self.prefix_reuse.keeps(session.n_cached):
             # The cells hold exactly tokens[:-1]: the pending token was never evaluated.
             cells = session.tokens[:-1]
-            prefix = CachedPrefix(session.owner, cells, tiled=min(session.tiled, len(cells)))
+            prefix = CachedPrefix(session.owner, cells, tiling=clip(session.tiling, len(cells)))
             self.prefix_reuse.keep(session.seq_id, prefix)
             return
         self.ids.release(session.seq_id)

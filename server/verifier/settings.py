@@ -107,6 +107,13 @@ class VerifierSettings(BaseSettings):
         "least this many rows and the rest in passes of fewer, if the startup probe finds "
         "that exact (docs/numerics.md); 0 = never",
     )
+    prompt_replies_below_tile: bool = Field(
+        True,
+        description="with tiled prompts, the model's earlier replies in a chat prompt (after "
+        "the reply opener its chat template writes, up to an end-of-turn token) go below the "
+        "tile, as the rounds that generated them did, so that a next turn sent at once keeps "
+        "their cells (docs/numerics.md)",
+    )
     idle_retile_after_s: float = Field(
         0.25,
         ge=0.0,

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from scripts.harness.metrics import Metrics
-from server.verifier.prompt_cuts import retile_plan, tiled_end
+from server.verifier.prompt_cuts import prompt_tiling, retile_plan
 
 TEXT = (
     "A verifier keeps one cache per session. When the session ends, its cache stays "
@@ -49,11 +49,11 @@ def test_long_prompts_answer_as_the_reference_cold_reused_again_and_reopened(
     long_answer = generate(url, second, LONG)
     assert len(long_answer) == LONG and long_answer == reference.greedy(second, LONG)
     tile = info["prompt_tile_rows"]
-    cells = len(second) - 1 + LONG
-    plan = retile_plan(cells, tiled_end(len(second), tile), tile)
+    cells = [*second, *long_answer[:-1]]  # no reply opener: one stretch
+    plan = retile_plan(cells, prompt_tiling(second, len(second), tile), tile)
     # The answer crossed a tile: work to do (none where prompts are not tiled at all).
     assert (plan is not None) == (tile > 0)
-    wanted = retiled + (cells - plan[0] if plan else 0)
+    wanted = retiled + (len(cells) - plan[0] if plan else 0)
     deadline = time.monotonic() + 120
     while Metrics.scrape(url).value(RETILED) < wanted and time.monotonic() < deadline:
         time.sleep(1.0)
@@ -71,3 +71,59 @@ def test_long_prompts_answer_as_the_reference_cold_reused_again_and_reopened(
         got += reply["tokens"]
         n_past = reply["total_tokens"]
     assert got[: MAX_TOKENS - 6] == answer[6:]
+
+
+def session_greedy(url: str, prompt_tokens: list[int], n: int) -> tuple[int, list[int]]:
+    """A session opened on `prompt_tokens`, `n` tokens decoded a round at a time (or to an
+    end), then ended (its cells cached): the cells it reused, and its tokens."""
+    body = {"prompt_tokens": prompt_tokens}
+    opened = httpx.post(f"{url}/prefill", json=body, timeout=300)
+    assert opened.status_code == 200, opened.text
+    session = opened.json()
+    got, n_past, eos = [], session["total_tokens"], False
+    while len(got) < n and not eos:
+        step = {"session_id": session["session_id"], "n_past": n_past, "draft_tokens": []}
+        reply = httpx.post(f"{url}/verify", json=step, timeout=300).json()
+        got += reply["tokens"]
+        n_past, eos = reply["total_tokens"], reply["eos"]
+    httpx.delete(f"{url}/sessions/{session['session_id']}", timeout=30)
+    return session["cached_tokens"], got[:n]
+
+
+def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_the_reference(
+    live_verifier, reference
+):
+    """A chat prompt's earlier answer (after the template's reply opener, up to its end of
+    turn) is evaluated below the tile, as the rounds that generated it were: the next
+    turn, sent at once, keeps every cell of the first turn and its answer, and answers as
+    llama-cpp-python's decoder given the prompt cut stretch by stretch."""
+    url = live_verifier.url
+    tile = httpx.get(f"{url}/info", timeout=30).json()["prompt_tile_rows"]
+    llm = reference.llm
+    assert "<|im_start|>" in llm.metadata.get("tokenizer.chat_template", "")  # ChatML
+
+    def tokens(text: str) -> list[int]:
+        return llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    first = tokens(f"<|im_start|>user\n{TEXT}<|im_end|>\n<|im_start|>assistant\n")
+    cached, answer = session_greedy(url, first, LONG)
+    assert cached == 0 and len(answer) > tile  # the reply crosses a tile
+    end = tokens("<|im_end|>")
+    reply = answer[:-1] if answer[-1] == end[0] else answer
+    question = f"\n<|im_start|>user\nSay that again, shorter. {TEXT[:300]}<|im_end|>\n"
+    second = [*first, *reply, *end, *tokens(f"{question}<|im_start|>assistant\n")]
+
+    cached, got = session_greedy(url, second, MAX_TOKENS)
+    assert cached == len(first) + len(answer) - 1  # every cell of the first session
+
+    def tiled(start: int, end: int) -> list[tuple[int, int]]:  # a stretch's tiled part
+        evaluated = end - start - 1
+        if not tile or evaluated < tile:
+            return []
+        return [
+            (start, start + (evaluated if evaluated < 2 * tile else evaluated - evaluated % tile))
+        ]
+
+    reply_end = len(first) + len(reply)
+    spans = [*tiled(0, len(first)), *tiled(reply_end, len(second))]
+    assert got == reference.greedy(second, MAX_TOKENS, spans=spans)

@@ -1,6 +1,7 @@
 """Tiled prompts (server/verifier/prompt_cuts.py): the cut rules against brute force, and
 on the fake runtime with kernels that change from TILE rows of a sequence on, a prompt
-that answers the same cold, reused, evaluated again while idle, and reopened."""
+that answers the same cold, reused, evaluated again while idle, and reopened; a chat's
+next turn, sent at once, keeping its earlier answers."""
 
 from __future__ import annotations
 
@@ -8,51 +9,112 @@ import random
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine, engine_info
-from server.verifier.prompt_cuts import next_piece, retile_plan, reusable, tiled_end
-from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
+from server.verifier.prompt_cuts import (
+    Replies,
+    next_piece,
+    prompt_tiling,
+    retile_plan,
+    reusable,
+    span_at,
+    stretches,
+    tiled_end,
+)
+from tests.fixtures.fake_runtime import EOS, FakeRuntime, switches_by_rows
 from tests.fixtures.stepped import make_engine, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
 TILE = 8
 MAX_DRAFT = 4  # rounds of 5 rows: below the tile
+OPENER = [60, 61]  # the fake chat template's reply opener
+REPLIES = Replies(tuple(OPENER), frozenset({EOS}))
 
 
-def test_a_prompts_tiled_part_ends_at_its_last_tile_whole_below_two_none_below_one():
+def test_a_stretchs_tiled_part_ends_at_its_last_tile_whole_below_two_none_below_one():
     assert [tiled_end(n + 1, 8) for n in (0, 7, 8, 15, 16, 17, 23, 24, 31)] == [
         0, 0, 8, 15, 16, 16, 16, 24, 24,
     ]  # fmt: skip
     assert tiled_end(1000, 0) == 0
+    # One stretch without an opener: the prompt's tiled part as a whole.
+    assert prompt_tiling(list(range(2, 40)), 38, 8) == ((0, 32),)
+    assert prompt_tiling(list(range(2, 40)), 38, 0) == ()
 
 
-def test_pieces_fill_the_tiled_part_in_passes_of_a_tile_or_more_then_the_rest_below():
+def chat(rng: random.Random, turns: int, tile: int) -> list[int]:
+    """A random chat prompt: user words, then the opener, a reply, an end; ending with
+    the opener (the generation prompt)."""
+    tokens: list[int] = []
+    for _ in range(turns):
+        tokens += [2 + rng.randrange(50) for _ in range(rng.randint(0, 5 * tile))] + OPENER
+        tokens += [2 + rng.randrange(58) for _ in range(rng.randint(0, 4 * tile))] + [EOS]
+    return tokens + [2 + rng.randrange(50) for _ in range(rng.randint(1, 3 * tile))] + OPENER
+
+
+def brute_force_stretches(tokens: list[int]) -> list[tuple[int, int]]:
+    """Position by position: in a reply from just after an opener to just before an end."""
+    in_reply, found, start = False, [], 0
+    for p, token in enumerate(tokens):
+        if in_reply and token == EOS:
+            in_reply, start = False, p
+        opens = tokens[p + 1 - len(OPENER) : p + 1] == OPENER
+        if not in_reply and opens and p + 1 - len(OPENER) >= start:
+            found.append((start, p + 1))
+            in_reply, start = True, p + 1
+    if not in_reply and start < len(tokens):
+        found.append((start, len(tokens)))
+    return found
+
+
+def test_stretches_end_with_the_opener_and_start_again_at_the_replys_end():
+    rng = random.Random(5)
+    for _ in range(500):
+        tokens = chat(rng, rng.randint(0, 4), 4)[: rng.randint(1, 200)]
+        assert stretches(tokens, len(tokens), REPLIES) == brute_force_stretches(tokens)
+    tokens = [5, 6, *OPENER, 7, 8, EOS, 9, *OPENER]
+    assert stretches(tokens, len(tokens), REPLIES) == [(0, 4), (6, 10)]
+    assert stretches(tokens, len(tokens), Replies()) == [(0, 10)]
+    # A stretch is cut the same way in every prompt that holds it whole.
+    for _ in range(300):
+        first = chat(rng, rng.randint(0, 3), 4)
+        reply = [2 + rng.randrange(58) for _ in range(rng.randint(0, 40))]
+        second = [*first, *reply, EOS, *chat(rng, rng.randint(0, 2), 4)]
+        then = prompt_tiling(second, len(second), 4, REPLIES)
+        assert prompt_tiling(first, len(first), 4, REPLIES) == tuple(
+            span for span in then if span[1] <= len(first)
+        )
+        assert all(span_at(then, p) is None for p in range(len(first), len(first) + len(reply)))
+
+
+def test_pieces_fill_each_tiled_span_in_passes_of_a_tile_or_more_the_rest_below():
     rng = random.Random(7)
     for _ in range(2000):
         tile = rng.choice((4, 8, 64))
         size = rng.randint(2 * tile, 8 * tile)
-        total = rng.randint(0, 20 * tile)
-        tiled_to = tiled_end(total + 1, tile)
-        done = rng.randint(0, tiled_to - tile) if tiled_to >= tile else tiled_to
+        tokens = chat(rng, rng.randint(0, 3), tile)
+        tiling = prompt_tiling(tokens, len(tokens), tile, rng.choice((REPLIES, Replies())))
+        total = len(tokens) - 1
+        done = rng.choice([0, *(rng.randint(s, e - tile) for s, e in tiling)])
         pieces = []
         while done < total:
-            n = next_piece(done, tiled_to, total, size, tile - 1, tile)
+            n = next_piece(done, tiling, total, size, tile - 1, tile)
             pieces.append((done, n))
             done += n
         for start, n in pieces:
             assert n > 0
-            if start < tiled_to:  # a tiled pass: never below a tile, never across its end
-                assert tile <= n <= size and start + n <= tiled_to
-            else:
-                assert n < tile
+            span = span_at(tiling, start)
+            if span is not None:  # a tiled pass: never below a tile, never across its end
+                assert tile <= n <= size and start + n <= span[1]
+            else:  # below the tile, never into a span
+                assert n < tile and all(span_at(tiling, p) is None for p in range(start, start + n))
 
 
-def brute_force_kept(common: int, cached_tiled: int, prompt_tiled: int, tile: int) -> int:
+def brute_force_kept(common: int, cached: tuple, prompt: tuple, tile: int) -> int:
     """The most cells a prompt may keep: each kept cell written as the prompt's own cold
-    evaluation writes it (tiled below its tiled end, not after), and what is left of its
-    tiled part enough for a tiled pass."""
+    evaluation writes it, and what is left of a tiled span enough for a tiled pass."""
 
     def fits(k: int) -> bool:
-        same = all((p < cached_tiled) == (p < prompt_tiled) for p in range(k))
-        return same and (k >= prompt_tiled or prompt_tiled - k >= tile)
+        same = all((span_at(cached, p) is None) == (span_at(prompt, p) is None) for p in range(k))
+        span = span_at(prompt, k)
+        return same and (span is None or span[0] == k or span[1] - k >= tile)
 
     return max(k for k in range(common + 1) if fits(k) or k == 0)
 
@@ -61,27 +123,47 @@ def test_what_a_prompt_keeps_of_a_cached_prefix_is_the_most_brute_force_allows()
     rng = random.Random(11)
     for _ in range(3000):
         tile = rng.choice((2, 4, 8))
-        cells = rng.randint(0, 12 * tile)
-        cached_tiled = rng.choice((0, tiled_end(rng.randint(1, cells + 1), tile), cells))
-        prompt_tiled = tiled_end(rng.randint(1, 16 * tile), tile)
+        replies = rng.choice((REPLIES, Replies()))
+        tokens = chat(rng, rng.randint(0, 3), tile)
+        cells = rng.randint(0, len(tokens))
+        cached = rng.choice(
+            (
+                (),
+                ((0, cells),) if cells >= tile else (),
+                prompt_tiling(tokens, cells, tile, replies),
+            )
+        )
+        prompt = prompt_tiling(tokens, len(tokens), tile, replies)
         common = rng.randint(0, cells)
-        want = brute_force_kept(common, cached_tiled, prompt_tiled, tile)
-        assert reusable(common, cached_tiled, prompt_tiled, tile) == want
-    assert reusable(30, 0, 64, 0) == 30  # nothing tiled: everything shared is kept
+        want = brute_force_kept(common, cached, prompt, tile)
+        assert reusable(common, cached, prompt, tile) == want
+    assert reusable(30, (), ((0, 64),), 0) == 30  # nothing tiled: everything shared is kept
 
 
 def test_a_cached_prefix_is_evaluated_again_up_to_its_last_tile_from_a_tile_before():
-    assert retile_plan(38, 24, 8) == (24, 32)
-    assert retile_plan(38, 32, 8) is None  # done already
-    assert retile_plan(130, 0, 64) == (0, 128) and retile_plan(200, 160, 64) == (128, 192)
-    assert retile_plan(127, 0, 64) is None  # a longer prompt below two tiles tiles whole
-    assert retile_plan(200, 190, 0) is None
+    text = list(range(2, 60)) * 4
+    assert retile_plan(text[:38], ((0, 24),), 8) == (24, ((0, 32),))
+    assert retile_plan(text[:38], ((0, 32),), 8) is None  # done already
+    assert retile_plan(text[:130], (), 64) == (0, ((0, 128),))
+    assert retile_plan(text[:200], ((0, 160),), 64) == (128, ((0, 192),))
+    assert retile_plan(text[:127], (), 64) is None  # a longer prompt below two tiles tiles whole
+    assert retile_plan(text[:200], ((0, 190),), 0) is None
+    # A chat's answer is a reply: below the tile already, nothing to do.
+    first = [*text[:29], *OPENER]
+    assert retile_plan([*first, *text[:20]], ((0, 24),), 8, REPLIES) is None
+    # Its stretches before the last are cut as in any prompt; the last goes on past a tile.
+    later = [*first, *text[:5], EOS, *text[:31]]  # its last stretch: [36, 68)
+    tiling = prompt_tiling(later, len(later), 8, REPLIES)
+    assert tiling == ((0, 24), (36, 60))
+    assert retile_plan(later, tiling, 8, REPLIES) == (60, ((0, 24), (36, 68)))
+    assert retile_plan([*later[:-2], *OPENER], tiling, 8, REPLIES) is None  # closed: as cut
 
 
-def build(**settings) -> tuple[FakeRuntime, Engine]:
+def build(opener: list[int] = (), **settings) -> tuple[FakeRuntime, Engine]:
     runtime = FakeRuntime(
         kernel=switches_by_rows(TILE, 999), n_batch=64, n_ctx_per_seq=256, n_seq_max=4
     )
+    runtime.opener = list(opener)
     engine = make_engine(
         runtime, max_draft=MAX_DRAFT, prefix_cache_min_tokens=4, prompt_tile_rows=TILE, **settings
     )
@@ -147,7 +229,7 @@ def test_a_next_turn_keeps_the_tiled_part_then_everything_once_evaluated_again_i
         # A piece at a time: the tiled part to 32, then the rest below the tile.
         assert [engine.retile() for _ in range(3)] == [32 - 24, 38 - 32, 0]
         (cached,) = engine.sessions.cached_prefixes.values()
-        assert cached.tiled == 32 and len(cached.tokens) == 38
+        assert cached.tiling == ((0, 32),) and len(cached.tokens) == 38
         assert_consistent(runtime, engine)
         # second: every cell (its tiled part ends where the cache's does); crossing: its
         # tiled part goes on to 40, so [32, 38) is evaluated again
@@ -245,11 +327,61 @@ def test_idle_work_goes_a_piece_at_a_time_and_a_prompt_meanwhile_keeps_what_is_d
     answer = answered(engine, first, 9)  # 38 cells, 24 tiled: again from 24, tiled to 32
     assert engine.retile() == 8
     (cached,) = engine.sessions.cached_prefixes.values()
-    assert len(cached.tokens) == 32 and cached.tiled == 32
+    assert len(cached.tokens) == 32 and cached.tiling == ((0, 32),)
     assert_consistent(runtime, engine)
     second = [*first, *answer, 50]  # tiled to 32 as well: keeps the 32 cells there are
     reused = open_session(engine, second)
     assert reused.cached_tokens == 32
     assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 32)
     assert engine.retile() == 0  # the prefix was taken: nothing left to do
+    assert_consistent(runtime, engine)
+
+
+def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_cold():
+    """The answer's cells were written by rounds, below the tile; the next turn holds it
+    as a reply, below the tile too: every cell is kept, with no idle work between. With
+    replies read as any text (the setting off), only the first prompt's tiled part is."""
+    words = [2 + i % 50 for i in range(28)]
+    for below, kept, tiling in ((True, 38, ((0, 24), (39, 55))), (False, 24, ((0, 56),))):
+        runtime, engine = build(OPENER, prompt_replies_below_tile=below)
+        first = [*words, *OPENER]  # 30 tokens, 29 evaluated: 24 tiled
+        answer = answered(engine, first, 9)  # 38 cells cached
+        assert EOS not in answer
+        second = [*first, *answer, EOS, *words[:20], *OPENER]  # a reply at [30, 39)
+        assert engine.cuts.tiling(second, len(second)) == tiling
+        reused = open_session(engine, second)
+        assert reused.cached_tokens == kept
+        assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, tiling)
+        assert_consistent(runtime, engine)
+        engine.sessions.delete(reused.session_id)
+        # Below the tile, a reply needs no idle work; read as text, it gets it.
+        assert (engine.retile() == 0) == below
+
+
+def test_chats_of_every_length_sent_at_once_keep_every_earlier_cell_and_answer_as_cold():
+    runtime, engine = build(OPENER)
+    rng = random.Random(4)
+    histories: dict[str, list[int]] = {"a": [], "b": []}
+    for _ in range(30):
+        owner = rng.choice("ab")
+        history = histories[owner] if len(histories[owner]) < 150 else []
+        words = [2 + rng.randrange(50) for _ in range(rng.randint(1, 30))]
+        prompt = [*history, *([EOS] if history and history[-1] != EOS else []), *words, *OPENER]
+        response = open_session(engine, prompt, owner)
+        assert response.cached_tokens == max(0, len(history) - 1)  # every cell there is
+        n = rng.randint(1, 12)
+        answer = decode(engine, response.session_id, n, owner)
+        tiling = prompt_tiling(prompt, len(prompt), TILE, REPLIES)
+        assert answer == runtime.reference_greedy(prompt, n, tiling)
+        engine.sessions.delete(response.session_id)
+        histories[owner] = [*prompt, *answer]
+        assert_consistent(runtime, engine)
+
+
+def test_a_reopened_chat_session_goes_on_exactly():
+    runtime, engine = build(OPENER)
+    prompt = [*[2 + i % 50 for i in range(20)], *OPENER, 5, 6, 7, EOS, *range(2, 30), *OPENER]
+    whole = decode(engine, open_session(engine, prompt).session_id, 14)
+    reopened = open_session(engine, [*prompt, *whole[:6]], generated=6)
+    assert decode(engine, reopened.session_id, 8) == whole[6:14]
     assert_consistent(runtime, engine)
