@@ -2,7 +2,9 @@
 (`chunk_tokens`). The engine's cycle keeps it queued and gives it one row in every pass
 of rounds until it has its tokens, as continuous batching does for plain decoding, then
 answers once with all of them: one token per pass, each from the same single-token round
-a drafted session's pending token gets, so the tokens are the verifier's own.
+a drafted session's pending token gets, so the tokens are the verifier's own. Where the
+session's text repeats, a step carries the verifier's own copy of the repeat as a draft
+(copy_draft.py) and commits several.
 
 Pure bookkeeping: what the next step asks, when the chunk is done, the one answer.
 """
@@ -23,18 +25,28 @@ class ChunkSteps:
     def wanted(self) -> int:
         return self.request.chunk_tokens or 1
 
-    def next_request(self) -> VerifyRequest:
-        """The next single-token round: the client's own first, then one from where the
-        last step left the session."""
+    @property
+    def left(self) -> int:
+        """Tokens still wanted."""
+        return self.wanted - sum(len(step.tokens) for step in self.steps)
+
+    def next_request(self, copy: list[int] | None = None) -> VerifyRequest:
+        """The next step: the client's own round first, then one from where the last step
+        left the session; with the verifier's own `copy` as its draft (copy_draft.py)."""
         if not self.steps:
-            return self.request
-        return VerifyRequest(session_id=self.request.session_id, n_past=self.steps[-1].total_tokens)
+            if not copy:
+                return self.request
+            return self.request.model_copy(update={"draft_tokens": copy, "chunk_tokens": None})
+        n_past = self.steps[-1].total_tokens
+        return VerifyRequest(
+            session_id=self.request.session_id, n_past=n_past, draft_tokens=copy or []
+        )
 
     def done(self, n_ctx: int) -> bool:
         if not self.steps:
             return False
         last = self.steps[-1]
-        return len(self.steps) >= self.wanted or last.eos or last.total_tokens > n_ctx
+        return self.left <= 0 or last.eos or last.total_tokens > n_ctx
 
     def answer(self) -> VerifyResponse:
         """The steps so far as one round's answer."""
@@ -45,7 +57,9 @@ class ChunkSteps:
             update={
                 "accepted_prefix_len": 0,
                 "tokens": [t for step in steps for t in step.tokens],
-                "preds": [t for step in steps for t in step.preds],
+                # A step's predictions where it committed (a copied step's rows past
+                # its first rejection predict nothing that stands).
+                "preds": [t for step in steps for t in step.preds[: len(step.tokens)]],
                 "logprobs": (
                     None
                     if steps[0].logprobs is None

@@ -79,6 +79,7 @@ class Step:
     rounds_decoded: int = 0  # rounds in the cycle's pass of rounds
     answered_rounds: list[SessionKey] = field(default_factory=list)  # decoded and answered
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) each
+    copies: list[tuple[int, int]] = field(default_factory=list)  # chunk steps' own copies, alike
     advised: list[int] = field(default_factory=list)  # the draft length each round's answer advised
     fixed_rows: float = 0.0  # what a pass's fixed part costs, in rows, as learned so far
     ended: list[SessionKey] = field(default_factory=list)  # sessions a call ran for
@@ -252,16 +253,20 @@ class CycleStep:
                 out.evicted += job.work.reservation.evicted
                 out.moved += job.work.reservation.moved
                 return True
-            request, key = job.request, job.round_key
-            if job.chunk is not None and job.chunk.steps:
-                request = job.chunk.next_request()
-                key = round_key(request)
+            request, key, copy = job.request, job.round_key, []
+            if job.chunk is not None:
+                session = self.engine.session(job.session_id, job.owner)
+                copy = self.engine.copier.for_step(session, job.chunk.left)
+                if job.chunk.steps or copy:
+                    request = job.chunk.next_request(copy)
+                    # A first step is still the client's round: its key, for a replay.
+                    key = round_key(request) if job.chunk.steps else key
             work = self.engine.begin_verify(request, job.owner, key)
             if isinstance(work, VerifyResponse):  # a replay: answered from its record
                 out.replayed += 1
                 out.answer(job, work)
                 return False
-            job.work = work
+            job.work, work.copied = work, bool(copy)
             if job.masks is not None and job.masks_for == key:
                 work.masks = job.masks.result()  # a grammar that failed: its 400
             return True
@@ -315,7 +320,8 @@ class CycleStep:
             if result is None:
                 continue  # a prompt with chunks still to go
             if isinstance(result, VerifyResponse):
-                out.rounds.append((len(job.work.draft_tokens), result.accepted_prefix_len))
+                counted = out.copies if job.work.copied else out.rounds
+                counted.append((len(job.work.draft_tokens), result.accepted_prefix_len))
                 if result.advised_draft is not None:
                     out.advised.append(result.advised_draft)
                 if job.chunk is not None:

@@ -42,6 +42,7 @@ from server.shared.sampling import PositionDraws, dense
 from server.verifier import invariance
 from server.verifier.advice import MAX_FIXED_ROWS, Advisor, PassCost
 from server.verifier.checks import check_verify, resolve_strategy, round_key
+from server.verifier.copy_draft import ChunkCopier
 from server.verifier.decoder import PassDecoder, PassRecord
 from server.verifier.decoding_rules import decoding_rules, request_prompt_ids, verifier_grammars
 from server.verifier.errors import (
@@ -113,6 +114,7 @@ class Engine:
         if report.pass_s and not self.shapes.pinned_width:
             prior = self.shapes.pass_cost_rows
         self.pass_cost = PassCost(prior, report.pass_s)
+        self.copier = ChunkCopier(settings.chunk_copy_ngram, max_draft, self.pass_cost)
         self.advisor = Advisor(self.pass_cost)
         self.grammars = verifier_grammars(runtime, settings)
         self.grammar_row_s = settings.grammar_row_ms / 1000.0
@@ -138,9 +140,7 @@ class Engine:
     def prefix_cache(self) -> bool:
         return self.sessions.prefix_reuse.min_tokens > 0
 
-    @property
-    def session_count(self) -> int:
-        return len(self.sessions)
+    session_count = property(lambda self: len(self.sessions))
 
     def session(self, session_id: str, owner: str | None = None) -> Session:
         return self.sessions.get(session_id, owner)
@@ -248,7 +248,7 @@ class Engine:
                 results.append(self._fail(work, exc))
         # Counted once the pass's rounds are answered: each was advised from the same.
         for work, result in zip(works, results, strict=True):
-            if isinstance(result, VerifyResponse):
+            if isinstance(result, VerifyResponse) and not work.copied:
                 self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
         return Ran(results, decoded.passes)
 

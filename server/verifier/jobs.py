@@ -41,6 +41,7 @@ class VerifyWork:
     began: float = field(default_factory=time.perf_counter)
     closed: bool = False
     masks: np.ndarray | None = None  # the grammar's, computed before the round began
+    copied: bool = False  # its draft is the verifier's own copy (copy_draft.py), no client's
 
     @property
     def tokens(self) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
@@ -17,6 +18,7 @@ class VerifierMetrics:
     def __init__(self, max_sessions: int = 8, max_draft: int = 16) -> None:
         # One registry per app, so several apps (tests) never share counters.
         r = self.registry = CollectorRegistry()
+        count = partial(Counter, registry=r)  # a counter with no labels
         self.requests = Counter(
             "verifier_requests",
             "HTTP requests by endpoint and status code",
@@ -53,6 +55,11 @@ class VerifierMetrics:
             "prompt tokens taken from a cached prefix instead of being evaluated",
             registry=r,
         )
+        self.copied_tokens = count(
+            "verifier_copied_tokens",
+            "tokens copied from a session's own text as its chunks' drafts (copy_draft.py)",
+        )
+        self.copied_tokens_accepted = count("verifier_copied_tokens_accepted", "copies accepted")
         self.prompt_tokens_retiled = Counter(
             "verifier_prompt_tokens_retiled",
             "cached prefixes' tokens evaluated again while idle, as a next prompt would "
@@ -65,9 +72,7 @@ class VerifierMetrics:
             "and got its recorded answer",
             registry=r,
         )
-        self.expired_sessions = Counter(
-            "verifier_expired_sessions", "sessions ended by the idle TTL", registry=r
-        )
+        self.expired_sessions = count("verifier_expired_sessions", "sessions ended by the idle TTL")
         self.rejected_full = Counter(
             "verifier_rejected_full",
             "requests refused with 503 because the queue was full",
@@ -76,12 +81,8 @@ class VerifierMetrics:
         self.queue_depth = Gauge(
             "verifier_queue_depth", "requests waiting for or in the current batch", registry=r
         )
-        self.drafted_tokens = Counter(
-            "verifier_drafted_tokens", "draft tokens received by /verify", registry=r
-        )
-        self.accepted_tokens = Counter(
-            "verifier_accepted_tokens", "draft tokens accepted by /verify", registry=r
-        )
+        self.drafted_tokens = count("verifier_drafted_tokens", "draft tokens received by /verify")
+        self.accepted_tokens = count("verifier_accepted_tokens", "draft tokens accepted by /verify")
         self.drafted_by_position = Counter(
             "verifier_drafted_by_position",
             "draft tokens received, by position in the draft",
@@ -101,12 +102,8 @@ class VerifierMetrics:
         )
         # The names llama.cpp's server and vLLM use (`llamacpp:` and `vllm:` there), so
         # dashboards made for them read these; positions from 0, as theirs.
-        self.spec_drafts = Counter(
-            "verifier:spec_decode_num_drafts", "rounds that carried a draft", registry=r
-        )
-        self.spec_draft_tokens = Counter(
-            "verifier:spec_decode_num_draft_tokens", "draft tokens received", registry=r
-        )
+        self.spec_drafts = count("verifier:spec_decode_num_drafts", "rounds that carried a draft")
+        self.spec_draft_tokens = count("verifier:spec_decode_num_draft_tokens", "draft tokens")
         self.spec_accepted_tokens = Counter(
             "verifier:spec_decode_num_accepted_tokens", "draft tokens accepted", registry=r
         )
@@ -226,6 +223,9 @@ class VerifierMetrics:
             self.cycle_rounds.observe(step.rounds_decoded)
         for drafted, accepted in step.rounds:
             self.observe_round(drafted, accepted)
+        for drafted, accepted in step.copies:
+            self.copied_tokens.inc(drafted)
+            self.copied_tokens_accepted.inc(accepted)
         for advised in step.advised:
             self.advised_draft.observe(advised)
         if step.passes:

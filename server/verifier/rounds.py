@@ -67,8 +67,11 @@ def finish_round(
         # The grammar's state advanced before anything else changes (undone if a later
         # step fails): the KV trim below is the session's first change.
         undo_grammar = _committed(session.constraint, verdict.tokens)
-        acceptance = session.acceptance.after(len(work.draft_tokens), verdict.accepted_prefix_len)
-        last_draft = len(work.draft_tokens) or session.last_draft
+        # A copy's outcome is the copies' own: the advice judges the client's drafts.
+        drafted = 0 if work.copied else len(work.draft_tokens)
+        acceptance = session.acceptance.after(drafted, verdict.accepted_prefix_len)
+        copies = session.copies.after(len(work.draft_tokens) - drafted, verdict.accepted_prefix_len)
+        last_draft = drafted or session.last_draft
         advised = advise(acceptance, last_draft) if advise is not None else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.
@@ -100,7 +103,7 @@ def finish_round(
         raise
     session.tokens.extend(verdict.tokens)
     session.decoded_tokens += len(work.tokens)
-    session.acceptance = acceptance
+    session.acceptance, session.copies = acceptance, copies
     session.last_draft = last_draft
     session.last_used = time.monotonic()
     session.last_round_key, session.last_response = work.round_key, response

@@ -23,6 +23,7 @@ from typing import Any
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
 from server.shared.sampling import PositionDraws
+from server.verifier.copy_draft import COPY_PRIOR
 from server.verifier.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.verifier.eviction import Eviction
 from server.verifier.packing import Packing
@@ -52,6 +53,7 @@ class Session:
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
     tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
+    copies: Acceptance = COPY_PRIOR  # of the verifier's own copies in its chunks (copy_draft.py)
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
     constraint: Any = None  # the grammar's state at the committed tokens (a Constraint)

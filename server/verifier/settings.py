@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
 from server.shared.strict import unknown_variables
+from server.verifier.copy_draft import COPY_NGRAM
 
 ENV_PREFIX = "VERIFIER_"
 
@@ -106,6 +107,15 @@ class VerifierSettings(BaseSettings):
         "however cut, a prompt's tokens up to its last multiple of this go in passes of at "
         "least this many rows and the rest in passes of fewer, if the startup probe finds "
         "that exact (docs/numerics.md); 0 = never",
+    )
+    chunk_copy_ngram: int = Field(
+        COPY_NGRAM,
+        ge=0,
+        le=256,
+        description="where a session's last this many tokens occurred earlier in its own text, "
+        "a step of its chunks (a round asking for several of the verifier's own tokens) drafts "
+        "what followed them there, as llama.cpp's ngram-simple does, when the verifier's cost "
+        "of a pass says it pays (server/verifier/copy_draft.py); 0 = never",
     )
     prompt_replies_below_tile: bool = Field(
         True,

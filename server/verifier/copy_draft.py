@@ -1,0 +1,75 @@
+"""Copies inside a chunk: where a session's text repeats itself, the verifier drafts the
+repeat for its own next step, as llama.cpp's server does with `--spec-type ngram-simple`.
+
+A chunk (chunks.py) is a round without a client's draft that asks for several of the
+verifier's own tokens, one step a pass. Where the session's last `ngram` tokens occurred
+earlier in its own prompt and output, the tokens that followed them there are the step's
+draft, verified in the same pass as the step's own token: a repeated passage comes in
+long steps, at no round trip. The session's own text only, never another's: nothing is
+pooled. The draft is judged as a client's is (greedy, or sample-and-match), so the tokens
+are the verifier's own whatever it copies.
+
+Whether a copy pays is the verifier's cost model's call (advice.py): a step of d copied
+tokens costs a pass of d + 1 rows and commits E(d) tokens at the session's acceptance of
+copies, counted apart from its client's drafts (a long exact repeat is near certain where
+a model's drafts are not), so where copies keep missing they stop. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from server.shared.draft_gain import Acceptance
+from server.shared.protocol import Strategy
+from server.verifier.advice import PassCost, advised_draft
+
+# A repeat of this many tokens before a copy is made: llama.cpp's ngram-simple default.
+COPY_NGRAM = 12
+# Before a copy is judged: a = 0.9, as weak as a round or two (a long exact repeat goes on
+# more often than not; one that does not shows it at once).
+COPY_PRIOR = Acceptance(accepted=9.0, rejected=1.0)
+# Strategies that judge a draft without the drafter's probabilities.
+COPYABLE = (Strategy.greedy, Strategy.match)
+
+
+def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
+    """Up to `limit` tokens that followed the latest earlier occurrence of the last `ngram`
+    tokens of `tokens`; [] where they occur nowhere earlier."""
+    n = len(tokens)
+    if limit <= 0 or ngram <= 0 or n <= ngram:
+        return []
+    pattern = list(tokens[n - ngram :])
+    last = pattern[-1]
+    # The occurrence ends at `end` (exclusive), before the pattern itself does.
+    for end in range(n - 1, ngram - 1, -1):
+        if tokens[end - 1] == last and list(tokens[end - ngram : end]) == pattern:
+            return list(tokens[end : end + limit])
+    return []
+
+
+def copy_length(
+    copy_len: int, copies: Acceptance, seconds: Callable[[float], float] | None, sharing: float
+) -> int:
+    """How many of a copy's tokens to draft: what the pass cost advises at the session's
+    acceptance of copies (0 where the cost of a pass is not known yet)."""
+    if copy_len <= 0 or seconds is None:
+        return 0
+    return advised_draft(copies.rate, seconds, sharing, copy_len)
+
+
+class ChunkCopier:
+    """The copy a chunk's next step drafts: `ngram` 0 never copies."""
+
+    def __init__(self, ngram: int, max_draft: int, pass_cost: PassCost):
+        self.ngram, self.max_draft, self.pass_cost = ngram, max_draft, pass_cost
+
+    def for_step(self, session: Any, left: int) -> list[int]:
+        """For a step of `session` (server.verifier.sessions.Session) whose chunk wants
+        `left` tokens more: none under a grammar (its masks are computed before the
+        round, for the draft it has) or a strategy that needs a drafter's probabilities."""
+        if not self.ngram or session.constraint is not None or session.strategy not in COPYABLE:
+            return []
+        copy = copy_draft(session.tokens, self.ngram, min(left - 1, self.max_draft))
+        cost = self.pass_cost
+        return copy[: copy_length(len(copy), session.copies, cost.seconds(), cost.sharing)]

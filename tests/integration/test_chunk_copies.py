@@ -1,0 +1,48 @@
+"""Copies inside a chunk on the real model (server/verifier/copy_draft.py): a session
+whose text repeats itself asks for chunks of the verifier's own tokens; whatever the
+verifier copies (its cost model decides from measured passes, so how much is not fixed
+here: tests/unit/test_copy_draft.py drives that with a set cost), the tokens are the
+verifier's own, token for token what llama-cpp-python's decoder gives alone."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from scripts.harness.metrics import Metrics
+
+pytestmark = pytest.mark.integration
+
+PASSAGE = (
+    "The verifier keeps one cache per session, so a round costs one pass over the draft "
+    "and the pending token whatever the length of the context. "
+)
+PROMPT = f"Copy the text below twice.\n\n{PASSAGE}\n{PASSAGE}\n{PASSAGE[:60]}"
+WANTED = 48
+
+
+def test_chunks_over_a_repeated_passage_are_the_verifiers_own_tokens(live_verifier, reference):
+    url = live_verifier.url
+    opened = httpx.post(f"{url}/prefill", json={"prompt": PROMPT}, timeout=300).json()
+    before = Metrics.scrape(url)
+    got, n_past, eos = [], opened["total_tokens"], False
+    while len(got) < WANTED and not eos:
+        step = {"session_id": opened["session_id"], "n_past": n_past, "chunk_tokens": 16}
+        reply = httpx.post(f"{url}/verify", json=step, timeout=300)
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["accepted_prefix_len"] == 0 and body["preds"] == body["tokens"]
+        got += body["tokens"]
+        n_past, eos = body["total_tokens"], body["eos"]
+    httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=30)
+    after = Metrics.scrape(url)
+    copied = after.value("verifier_copied_tokens_total") - before.value(
+        "verifier_copied_tokens_total"
+    )
+    accepted = after.value("verifier_copied_tokens_accepted_total") - before.value(
+        "verifier_copied_tokens_accepted_total"
+    )
+    assert 0 <= accepted <= copied
+    assert got == reference.greedy(opened["prompt_ids"], len(got))
+    alone = {"prompt_tokens": opened["prompt_ids"], "max_tokens": len(got)}
+    assert httpx.post(f"{url}/generate", json=alone, timeout=300).json()["tokens"] == got
