@@ -35,7 +35,9 @@ Systems (--systems):
 Tokens per second: generated tokens over the wall seconds of a family's requests, as the
 client saw them (prompt evaluation included). Mean accepted tokens (Spec-Bench's figure,
 tokens a verifier pass commits): generated tokens / (generated tokens - accepted draft
-tokens), from `serve`'s `speculative` figures and llama-server's `timings`.
+tokens), from `serve`'s `speculative` figures and the verifier's count of the copies it
+made in chunks and kept (`verifier_copied_tokens_accepted_total`), and llama-server's
+`timings`.
 
     .venv/bin/python scripts/bench_tasks.py --per-family 5
     .venv/bin/python scripts/bench_tasks.py --llama-server build/llama-server/bin/llama-server
@@ -83,6 +85,7 @@ WARM_UP = [{"role": "user", "content": "Say hello."}]
 # Idle work is over once this counter has stood still this long: longer than the
 # verifier's quiet moment before a piece (VERIFIER_IDLE_RETILE_AFTER_S) and a piece.
 RETILED_METRIC = "verifier_prompt_tokens_retiled_total"
+COPIED_METRIC = "verifier_copied_tokens_accepted_total"  # the verifier's own copies in chunks
 SETTLED_S = 1.5
 SETTLE_AT_MOST_S = 60.0
 
@@ -235,21 +238,29 @@ class Ours:
         text = self.client.get(f"{self.verifier.url}/metrics").text
         return "".join(ln for ln in text.splitlines() if ln.startswith(RETILED_METRIC))
 
+    def copies_accepted(self) -> int:
+        """The verifier's count of the tokens it copied in chunks and kept."""
+        text = self.client.get(f"{self.verifier.url}/metrics").text
+        values = [ln.split()[-1] for ln in text.splitlines() if ln.startswith(COPIED_METRIC)]
+        return int(float(values[0])) if values else 0
+
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
         if self.serve is None:
             return self._generate(messages, max_tokens)
+        copies_before = self.copies_accepted()
         reply, seconds = post_chat(
             self.client, f"{self.serve.url}/chat/completions", messages, max_tokens
         )
         figures = reply.get("speculative") or {}
+        copied = self.copies_accepted() - copies_before
+        kept = ("rounds", "drafted", "tokens_per_round")
         return Answer(
             text=reply["choices"][0]["message"]["content"] or "",
             tokens=reply["usage"]["completion_tokens"],
             seconds=seconds,
-            accepted=figures.get("accepted", 0),
-            extra={
-                k: v for k, v in figures.items() if k in ("rounds", "drafted", "tokens_per_round")
-            },
+            # A verifier pass commits a client's accepted drafts and its own copies alike.
+            accepted=figures.get("accepted", 0) + copied,
+            extra={**{k: v for k, v in figures.items() if k in kept}, "copies_accepted": copied},
         )
 
     def _generate(self, messages: list[dict], max_tokens: int) -> Answer:
@@ -484,7 +495,7 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         lines += [
             "",
             "Mean accepted tokens (Spec-Bench's figure: tokens a verifier pass commits, "
-            "generated / (generated - accepted drafts)):",
+            "generated / (generated - accepted drafts and copies)):",
             "",
             "| family | " + " | ".join(s.label for s in drafting) + " |",
             "|---|" + "---:|" * len(drafting),

@@ -41,7 +41,6 @@ from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
 from server.verifier.prompt_probe import (
     chunking_difference,
-    stretch_cuts_difference,
     tiled_cuts_difference,
 )
 from server.verifier.settings import VerifierSettings
@@ -212,7 +211,6 @@ def probe(
             split = max(
                 tiled_cuts_difference(target, shapes, tile_rows, long_ids),
                 chunking_difference(target, shapes, tile_rows - 1, long_ids),
-                stretch_cuts_difference(target, shapes, tile_rows, long_ids),
             )
             if split == 0.0:
                 return replace(

@@ -17,6 +17,7 @@ PROBE_PROMPT = 128  # the chunking check's prompt: past the lengths where kernel
 
 class PromptTarget(Protocol):
     n_batch: int
+    n_ctx_per_seq: int
 
     def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
 
@@ -43,32 +44,21 @@ def chunking_difference(
 def tiled_cuts_difference(
     target: PromptTarget, shapes: PassShapes, tile_rows: int, text_ids: Sequence[int]
 ) -> float:
-    """A prompt's tiled part (every token but the next, longer than two passes of
-    `tile_rows`) evaluated in one pass against cut into passes of at least `tile_rows`
-    elsewhere: where a cached prefix ends and a cold prompt goes on."""
-    ids = text_ids[: min(2 * tile_rows + 37, target.n_batch) + 1]
-    n = len(ids) - 1
-    cuts = ((n,), (tile_rows, n - tile_rows), (n - tile_rows, tile_rows))
-    return largest_difference(target, shapes, ids, cuts)
-
-
-def stretch_cuts_difference(
-    target: PromptTarget, shapes: PassShapes, tile_rows: int, text_ids: Sequence[int]
-) -> float:
-    """A chat prompt's shape: a stretch below the tile (a reply), then a tiled one, then
-    the rest below, each cut in other places (a tiled stretch's passes at least
-    `tile_rows` long): a tiled stretch's numbers must not depend on where it starts or
-    how the cells before it were cut."""
-    head = tail = min(37, tile_rows - 1)
+    """A chat prompt's shape: a tiled stretch from position 0, a reply below the tile, a
+    second tiled stretch, the rest below; evaluated with each part in one pass against
+    every part cut elsewhere (tiled passes at least `tile_rows` long): a tiled stretch's
+    numbers must not depend on where it starts or is cut (where a cached prefix ends and
+    a prompt goes on), nor on how the cells before it were cut."""
+    small = tile_rows - 1
     tiled = min(2 * tile_rows + 5, target.n_batch)
-    ids = text_ids[: head + tiled + tail + 1]
-    halves = (head // 2, head - head // 2)
-    cuts = (
-        (head, tiled, tail),
-        (*halves, tile_rows, tiled - tile_rows, *halves),
-        (head, tiled - tile_rows, tile_rows, tail),
-    )
-    return largest_difference(target, shapes, ids, [[c for c in cut if c] for cut in cuts])
+    reply, tail = min(20, small), min(10, small)
+    whole = [tiled, reply, tiled, tail]
+    split = (tiled - tile_rows, tile_rows)
+    cut = [tile_rows, tiled - tile_rows, *_halves(reply), *split, *_halves(tail)]
+    if sum(whole) >= target.n_ctx_per_seq:  # a context too short for it: one stretch
+        whole, cut = whole[:1], cut[:2]
+    ids = text_ids[: sum(whole) + 1]
+    return largest_difference(target, shapes, ids, [whole, [c for c in cut if c]])
 
 
 def largest_difference(
@@ -88,6 +78,10 @@ def largest_difference(
         assert start == n, "the cuts must cover the prompt"
         rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])
     return max(float(np.max(np.abs(rows[0].astype(np.float64) - row))) for row in rows[1:])
+
+
+def _halves(n: int) -> tuple[int, int]:
+    return n // 2, n - n // 2
 
 
 def _chunks(n: int, chunk: int) -> list[int]:
