@@ -12,6 +12,7 @@ from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
 from drafter.draft_length import DoublingLength, DraftLength, FixedLength, LinkAwareLength
 from drafter.errors import DrafterError
+from drafter.length_memory import LengthMemory, RememberingLength
 from drafter.lookup_gate import LookupGate
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
@@ -185,11 +186,16 @@ def user_history(settings: DrafterSettings) -> SuffixHistory | None:
 
 
 def draft_length(
-    settings: DrafterSettings, info: InfoResponse, watched: bool = True
+    settings: DrafterSettings,
+    info: InfoResponse,
+    watched: bool = True,
+    memory: LengthMemory | None = None,
 ) -> DraftLength:
     """`auto`: the link-aware cost model for a model's drafts, doubling for prompt
     lookup's (see drafter/draft_length.py). `watched`: the tokens are shown or looked
-    through as they come, which paces the chunks of rounds without a draft (ChunkPace)."""
+    through as they come, which paces the chunks of rounds without a draft (ChunkPace);
+    `memory`: what earlier generations of the same `serve` slot measured
+    (drafter/length_memory.py)."""
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter in LOOKUPS:
@@ -203,7 +209,10 @@ def draft_length(
     # A lookup behind the model looks through the text between chunks for a match: chunks
     # paced as a watched generation's, so that a copied span is found soon.
     watched = watched or settings.drafter in MODEL_WITH_LOOKUP
-    return LinkAwareLength(maximum=info.max_draft, max_chunk=info.max_chunk_tokens, watched=watched)
+    limits = {"maximum": info.max_draft, "max_chunk": info.max_chunk_tokens, "watched": watched}
+    if memory is not None:
+        return RememberingLength(**limits, memory=memory)
+    return LinkAwareLength(**limits)
 
 
 def speculative_loop(
@@ -214,9 +223,10 @@ def speculative_loop(
     target: LlamaVocab | None = None,
     watched: bool = True,
     history: SuffixHistory | None = None,
+    memory: LengthMemory | None = None,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(settings))
-    length = draft_length(settings, info, watched)
+    length = draft_length(settings, info, watched, memory)
     # Where `auto` has the model step aside, a lookup's free drafts may still pay.
     gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(

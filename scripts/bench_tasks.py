@@ -5,9 +5,14 @@ family, Spec-Bench's mean accepted tokens, and whether every greedy answer of ou
 the verifier alone's. A table, not a test (its --quick form runs in the suite).
 
 The questions are the repository's own copy of Spec-Bench (`scripts/data/spec_bench/`:
-every other question of each category, its source and license). Chat completions, greedy
-(temperature 0), up to --max-tokens tokens an answer; a multi-turn question is sent as two
-turns, the second carrying the first turn's answer, as a chat app sends it. Every question
+every other question of each category, its source and license). Two more families, not
+run unless named, ask HumanEval's problems (`scripts/data/humaneval/`) as sessions where
+text repeats across requests: `code_fix` (complete a function, then fix it and give the
+whole function again) and `agent_edit` (complete it, then read it back as a file an agent
+wrote, `read_file("src/solution.py")`, rename it, and give the whole file again). Chat
+completions, greedy (temperature 0), up to --max-tokens tokens an answer; a multi-turn
+question is sent as two turns, the second carrying the first turn's answer, as a chat app
+sends it. Every question
 goes through every system before the next question (the systems' order turns by one each
 question), so that a machine whose speed drifts slows them alike; a question goes out once
 no verifier has idle work under way (a cached prefix evaluated again: all the verifiers
@@ -81,6 +86,23 @@ FAMILIES = {
     "math_reasoning": "math reasoning",
     "rag": "retrieval-augmented",
 }
+# Sessions where text repeats across requests (not in the default run): HumanEval's
+# problems, the second turn carrying the first answer back or asking for it again.
+HUMANEVAL = REPO_ROOT / "scripts" / "data" / "humaneval" / "humaneval.jsonl"
+REPEATS = {"code_fix": "code fix (HumanEval)", "agent_edit": "agent edit (HumanEval)"}
+FIRST_TURN = (
+    "Complete this Python function. Reply with the whole function in one code block.\n\n"
+    "```python\n{prompt}```"
+)
+SECOND_TURN = {
+    "code_fix": "It fails on an empty input. Fix that, and reply with the whole function "
+    "again in one code block.",
+    # {previous}: the first answer, as the file the agent saved it to reads back.
+    "agent_edit": 'I saved your answer to src/solution.py. read_file("src/solution.py") returned:'
+    "\n\n{previous}\n\nRename `{entry_point}` to `solve` everywhere and reply with the "
+    "whole file.",
+}
+LABELS = {**FAMILIES, **REPEATS}
 WARM_UP = [{"role": "user", "content": "Say hello."}]
 # Idle work is over once this counter has stood still this long: longer than the
 # verifier's quiet moment before a piece (VERIFIER_IDLE_RETILE_AFTER_S) and a piece.
@@ -148,6 +170,25 @@ class Answer:
     extra: dict = field(default_factory=dict)
 
 
+def humaneval_questions(family: str) -> list[Question]:
+    """HumanEval's problems as two-turn sessions of `family` (REPEATS): numbered 1000 on
+    for code_fix, 2000 on for agent_edit."""
+    base = 1000 * (1 + list(REPEATS).index(family))
+    questions = []
+    for i, line in enumerate(HUMANEVAL.read_text().splitlines()):
+        row = json.loads(line)
+        second = SECOND_TURN[family].replace("{entry_point}", row["entry_point"])
+        first = FIRST_TURN.replace("{prompt}", row["prompt"])
+        questions.append(Question(base + i, family, family, [first, second]))
+    return questions
+
+
+def turn_text(text: str, messages: Sequence[dict]) -> str:
+    """A turn as sent: `{previous}` is the last answer's text."""
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    return text.replace("{previous}", answers[-1] if answers else "")
+
+
 def family_of(category: str) -> str:
     return "mt_bench" if category in MT_BENCH else category
 
@@ -163,6 +204,8 @@ def load_questions(families: Sequence[str], per_family: int | None) -> list[Ques
             by_family[family].append(
                 Question(row["question_id"], row["category"], family, row["turns"])
             )
+    for family in set(families) & set(REPEATS):
+        by_family[family] = humaneval_questions(family)
     if per_family is not None:
         by_family = {f: qs[:per_family] for f, qs in by_family.items()}
     longest = max(len(qs) for qs in by_family.values())
@@ -403,7 +446,7 @@ def run(args: argparse.Namespace, systems: list[System], questions: list[Questio
                 settle(running)  # the turns of one question follow one another at once
                 messages: list[dict] = []
                 for turn, text in enumerate(question.turns, start=1):
-                    messages.append({"role": "user", "content": text})
+                    messages.append({"role": "user", "content": turn_text(text, messages)})
                     answer = started.ask(messages, args.max_tokens)
                     messages.append({"role": "assistant", "content": answer.text})
                     rows.append(
@@ -481,7 +524,7 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
     ]
     for family, block in summary.items():
         rate = {name: block[name]["tokens_per_s"] for name in names}
-        cells = [FAMILIES.get(family, "all"), str(n_questions[family])]
+        cells = [LABELS.get(family, "all"), str(n_questions[family])]
         cells += [f"{rate[name]:.1f}" for name in names]
         if "default" in names and "verifier" in names:
             cells.append(ratio(rate["default"], rate["verifier"]))
@@ -502,7 +545,7 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         ]
         for family, block in summary.items():
             cells = [f"{block[s.name]['mean_accepted_tokens']:.2f}" for s in drafting]
-            lines.append(f"| {FAMILIES.get(family, 'all')} | " + " | ".join(cells) + " |")
+            lines.append(f"| {LABELS.get(family, 'all')} | " + " | ".join(cells) + " |")
     checked = [s for s in systems if "identical" in summary["all"][s.name]]
     if checked:
         same = ", ".join(
@@ -526,7 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--families",
         default=",".join(FAMILIES),
-        help=f"Task families to run, comma-separated, from: {', '.join(FAMILIES)}.",
+        help=f"Task families to run, comma-separated, from: {', '.join(LABELS)} (the last "
+        "two: HumanEval's problems as sessions where text repeats).",
     )
     parser.add_argument(
         "--per-family",
@@ -604,8 +648,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--llama-server {args.llama_server}: no such file")
         names += [s.strip() for s in args.llama_modes.split(",") if s.strip()]
     for family in families:
-        if family not in FAMILIES:
-            parser.error(f"unknown family {family!r}: choose from {', '.join(FAMILIES)}")
+        if family not in LABELS:
+            parser.error(f"unknown family {family!r}: choose from {', '.join(LABELS)}")
     for name in names:
         if name not in SYSTEMS or (SYSTEMS[name].kind == "llama" and not args.llama_server):
             parser.error(f"unknown system {name!r}")

@@ -227,7 +227,7 @@ class SpeculativeBackend:
         slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(
             model, slot.client, self.info, settings, self.target, generation.watched,
-            self.history,
+            self.history, slot.length_memory,
         )  # fmt: skip
         if model.decodes_alone:
             model.reset()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from drafter.client import VerifierClient
+from drafter.length_memory import LengthMemory
 from drafter.model import DraftModel
 from server.shared.prefix import common_prefix_len
 
@@ -23,6 +24,8 @@ class GenerationSlot:
     model: DraftModel
     client: VerifierClient
     last_used: int = field(default=0)
+    # What `auto` measured in this slot's earlier generations (the machine's, the link's).
+    length_memory: LengthMemory = field(default_factory=LengthMemory)
 
 
 class QueueFull(Exception):

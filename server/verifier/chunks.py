@@ -36,7 +36,8 @@ class ChunkSteps:
         if not self.steps:
             if not copy:
                 return self.request
-            return self.request.model_copy(update={"draft_tokens": copy, "chunk_tokens": None})
+            update = {"draft_tokens": copy, "draft_probs": None, "chunk_tokens": None}
+            return self.request.model_copy(update=update)
         n_past = self.steps[-1].total_tokens
         return VerifyRequest(
             session_id=self.request.session_id, n_past=n_past, draft_tokens=copy or []
@@ -49,10 +50,9 @@ class ChunkSteps:
         return self.left <= 0 or last.eos or last.total_tokens > n_ctx
 
     def answer(self) -> VerifyResponse:
-        """The steps so far as one round's answer."""
+        """The steps so far as one round's answer: a round without a client's draft (the
+        verifier's own copies in it are no accepted drafts of the client's)."""
         steps = self.steps
-        if len(steps) == 1:
-            return steps[0]
         return steps[-1].model_copy(
             update={
                 "accepted_prefix_len": 0,

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.shared.draft_gain import Acceptance
+from server.shared.draft_gain import Acceptance, expected_tokens
 from server.shared.protocol import Strategy
-from server.verifier.advice import PassCost, advised_draft
+from server.verifier.advice import NEAR_BEST, PassCost
 
 # A repeat of this many tokens before a copy is made: llama.cpp's ngram-simple default.
 COPY_NGRAM = 12
@@ -51,25 +51,46 @@ def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
 def copy_length(
     copy_len: int, copies: Acceptance, seconds: Callable[[float], float] | None, sharing: float
 ) -> int:
-    """How many of a copy's tokens to draft: what the pass cost advises at the session's
-    acceptance of copies (0 where the cost of a pass is not known yet)."""
+    """How many of a copy's tokens to draft: the k with the most tokens per second of the
+    pass where `sharing` sessions each have a row and only this one gains from its copy
+    (the others' rounds are padded to its width, or split into a pass of their own):
+
+        (sharing - 1 + E(k)) / t(sharing * (k + 1))
+
+    0 unless a copy beats none by NEAR_BEST, else the shortest within NEAR_BEST of the
+    best; 0 where the cost of a pass is not known yet."""
     if copy_len <= 0 or seconds is None:
         return 0
-    return advised_draft(copies.rate, seconds, sharing, copy_len)
+    sharing = max(sharing, 1.0)
+
+    def value(k: int) -> float:
+        gained = sharing - 1.0 + expected_tokens(copies.rate, k)
+        return gained / max(seconds(sharing * (k + 1)), 1e-12)
+
+    values = [value(k) for k in range(copy_len + 1)]
+    best = max(values[1:])
+    if best < (1 + NEAR_BEST) * values[0]:
+        return 0
+    return next(k for k in range(1, copy_len + 1) if values[k] >= (1 - NEAR_BEST) * best)
 
 
 class ChunkCopier:
     """The copy a chunk's next step drafts: `ngram` 0 never copies."""
 
-    def __init__(self, ngram: int, max_draft: int, pass_cost: PassCost):
-        self.ngram, self.max_draft, self.pass_cost = ngram, max_draft, pass_cost
+    def __init__(self, ngram: int, max_draft: int, n_ctx: int, pass_cost: PassCost):
+        self.ngram, self.max_draft, self.n_ctx = ngram, max_draft, n_ctx
+        self.pass_cost = pass_cost
 
     def for_step(self, session: Any, left: int) -> list[int]:
         """For a step of `session` (server.verifier.sessions.Session) whose chunk wants
-        `left` tokens more: none under a grammar (its masks are computed before the
-        round, for the draft it has) or a strategy that needs a drafter's probabilities."""
+        `left` tokens more, within its context: none under a grammar (its masks are
+        computed before the round, for the draft it has) or a strategy that needs a
+        drafter's probabilities, and no search where no copy could pay."""
         if not self.ngram or session.constraint is not None or session.strategy not in COPYABLE:
             return []
-        copy = copy_draft(session.tokens, self.ngram, min(left - 1, self.max_draft))
-        cost = self.pass_cost
-        return copy[: copy_length(len(copy), session.copies, cost.seconds(), cost.sharing)]
+        limit = min(left - 1, self.max_draft, self.n_ctx - len(session.tokens))
+        seconds, sharing = self.pass_cost.seconds(), self.pass_cost.sharing
+        if copy_length(limit, session.copies, seconds, sharing) == 0:
+            return []
+        copy = copy_draft(session.tokens, self.ngram, limit)
+        return copy[: copy_length(len(copy), session.copies, seconds, sharing)]

@@ -36,6 +36,9 @@ class PrefixReuse:
         self.min_tokens = min_tokens
         self.cuts = cuts or PromptCuts(0)
         self._cached: OrderedDict[int, CachedPrefix] = OrderedDict()
+        # Each prefix's plan, found once (a prefix is replaced, never changed, when its
+        # cells change): idle moments come often, and finding one reads every token.
+        self._plans: dict[int, tuple[CachedPrefix, tuple[int, Tiling] | None]] = {}
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._cached
@@ -64,9 +67,17 @@ class PrefixReuse:
         """A cached prefix whose cells are not what a prompt going on past its last tile
         would write (the generated tokens of the session it was, outside a chat reply),
         most recently cached first: its seq id and `retile_plan`'s (start, tiling)."""
-        cuts = self.cuts
-        for seq_id, prefix in reversed(self._cached.items()):
-            plan = retile_plan(prefix.tokens, prefix.tiling, cuts.tile_rows, cuts.replies)
+        cuts, plans = self.cuts, {}
+        for seq_id, prefix in self._cached.items():
+            known = self._plans.get(seq_id)
+            if known is not None and known[0] is prefix:
+                plans[seq_id] = known
+            else:
+                plan = retile_plan(prefix.tokens, prefix.tiling, cuts.tile_rows, cuts.replies)
+                plans[seq_id] = prefix, plan
+        self._plans = plans
+        for seq_id in reversed(self._cached):
+            plan = plans[seq_id][1]
             if plan is not None:
                 return seq_id, *plan
         return None

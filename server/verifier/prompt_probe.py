@@ -4,6 +4,7 @@ prompts (prompt_cuts.py). Each returns the largest difference (0.0: exact)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -55,8 +56,11 @@ def tiled_cuts_difference(
     whole = [tiled, reply, tiled, tail]
     split = (tiled - tile_rows, tile_rows)
     cut = [tile_rows, tiled - tile_rows, *_halves(reply), *split, *_halves(tail)]
-    if sum(whole) >= target.n_ctx_per_seq:  # a context too short for it: one stretch
-        whole, cut = whole[:1], cut[:2]
+    if sum(whole) >= min(target.n_ctx_per_seq, len(text_ids)):  # too long: one stretch
+        tiled = min(tiled, len(text_ids) - 1)
+        if tiled < 2 * tile_rows:
+            return math.inf  # no text to check so wide a tile with: not taken
+        whole, cut = [tiled], [tile_rows, tiled - tile_rows]
     ids = text_ids[: sum(whole) + 1]
     return largest_difference(target, shapes, ids, [whole, [c for c in cut if c]])
 

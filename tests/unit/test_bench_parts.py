@@ -194,3 +194,26 @@ def test_hit_rates_are_shown_only_for_the_answers_a_drafter_ranks():
     assert within({**rates, "branches": 4}) == "0.50/0.70/0.80"
     assert within({**rates, "branches": 1}) == "0.50/-/-"
     assert within({**rates, "branches": 0}) == "-/-/-"
+
+
+def test_humaneval_sessions_carry_each_problem_and_the_first_answer_back():
+    """The task benchmark's sessions where text repeats (scripts/bench_tasks.py)."""
+    from scripts.bench_tasks import REPEATS, humaneval_questions, load_questions, turn_text
+
+    for family in REPEATS:
+        questions = humaneval_questions(family)
+        assert len(questions) == 164 and len({q.id for q in questions}) == 164
+        assert all(len(q.turns) == 2 and "```python\n" in q.turns[0] for q in questions)
+    first = humaneval_questions("agent_edit")[0]
+    assert "def has_close_elements(" in first.turns[0]
+    assert "Rename `has_close_elements` to `solve`" in first.turns[1]
+    history = [
+        {"role": "user", "content": first.turns[0]},
+        {"role": "assistant", "content": "def has_close_elements(): ..."},
+    ]
+    sent = turn_text(first.turns[1], history)
+    assert "{previous}" not in sent and "def has_close_elements(): ..." in sent
+    fix = humaneval_questions("code_fix")[0]
+    assert turn_text(fix.turns[1], history) == fix.turns[1]  # nothing to carry back
+    mixed = load_questions(["qa", "code_fix"], 2)
+    assert [q.family for q in mixed] == ["qa", "code_fix", "qa", "code_fix"]

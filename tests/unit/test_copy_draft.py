@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 from server.shared.draft_gain import Acceptance
-from server.shared.protocol import PrefillRequest, Strategy
+from server.shared.protocol import PrefillRequest, Strategy, VerifyRequest
+from server.verifier.checks import round_key
 from server.verifier.copy_draft import COPY_PRIOR, ChunkCopier, copy_draft, copy_length
 from server.verifier.cycle import CycleStep, Job
 from tests.fixtures.fake_runtime import FakeRuntime
@@ -64,14 +65,24 @@ class Session:
 
 def test_no_copy_under_a_grammar_a_drafters_probabilities_or_with_copies_off():
     tokens = [*range(2, 30), *range(2, 20)]
-    copier = ChunkCopier(12, 8, CpuLikeCost())
+    copier = ChunkCopier(12, 8, 1000, CpuLikeCost())
     copy = copier.for_step(Session(tokens), 20)  # as long as the cost model says
     assert len(copy) >= 2 and copy == list(range(20, 20 + len(copy)))
     assert len(copier.for_step(Session(tokens), 3)) <= 2  # within the chunk's last tokens
     assert copier.for_step(Session(tokens, constraint=object()), 20) == []
     assert copier.for_step(Session(tokens, strategy=Strategy.rejection), 20) == []
     assert copier.for_step(Session(tokens, strategy=Strategy.match), 20) != []
-    assert ChunkCopier(0, 8, CpuLikeCost()).for_step(Session(tokens), 20) == []
+    assert ChunkCopier(0, 8, 1000, CpuLikeCost()).for_step(Session(tokens), 20) == []
+    # Never past the context: a round needs a position for each draft token.
+    assert ChunkCopier(12, 8, len(tokens) + 1, CpuLikeCost()).for_step(Session(tokens), 20) == [20]
+    assert ChunkCopier(12, 8, len(tokens), CpuLikeCost()).for_step(Session(tokens), 20) == []
+
+
+def test_sharing_a_pass_a_copy_must_pay_for_the_others_it_widens():
+    """Only the copying session gains; every other session's row waits for the wider pass."""
+    assert copy_length(8, COPY_PRIOR, cpu_like, 1.0) > 0
+    assert copy_length(8, COPY_PRIOR, cpu_like, 8.0) == 0
+    assert copy_length(8, COPY_PRIOR, lambda rows: 1.0, 8.0) > 0  # rows that cost nothing
 
 
 class RepeatingRuntime(FakeRuntime):
@@ -111,6 +122,30 @@ def chunk_over_a_repeat(ngram: int) -> tuple[list[int], int, CycleStep]:
     assert cycle.step([again]).answers == [(again, answer)]  # a replay gets the same
     check_engine(engine)
     return answer.tokens, steps + 1, cycle
+
+
+def test_a_chunk_one_copied_step_finishes_is_still_a_round_without_a_draft():
+    runtime = RepeatingRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
+    engine = make_engine(runtime, max_draft=8)
+    engine.copier.pass_cost = CpuLikeCost()
+    cycle = CycleStep(engine)
+    passage = random.Random(9).sample(range(2, 60), 30)
+    prompt = [*passage, *passage[:14]]
+    job = Job("a", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
+    while not (answers := dict(cycle.step([job]).answers)):
+        pass
+    opened = answers[job]
+    request = VerifyRequest(
+        session_id=opened.response.session_id,
+        n_past=len(prompt),
+        chunk_tokens=3,
+        draft_probs=[],  # a client's empty list of probabilities: still a chunk
+    )
+    chunk = Job("a", request.session_id, request=request, round_key=round_key(request))
+    ((_, answer),) = cycle.step([chunk]).answers  # one step: the pending token and a copy
+    assert answer.tokens == passage[14:17] and answer.preds == answer.tokens
+    assert answer.accepted_prefix_len == 0 and answer.timings.decoded_tokens == 3
+    check_engine(engine)
 
 
 def test_a_chunk_over_a_repeat_copies_it_in_fewer_passes_with_the_same_tokens():
