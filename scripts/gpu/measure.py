@@ -186,6 +186,8 @@ def load(report: Report, model: Path, args) -> None:
                     f"{row.p50_ms:.1f}", f"{row.latency_ms(0.99):.1f}",
                     len(row.errors), exact,
                 ])  # fmt: skip
+                # printed as it comes: a run cut off at its limit keeps these
+                print("[load]", " | ".join(str(c) for c in rows[-1]), flush=True)
                 if row.errors:
                     report.say(f"first error ({n} drafters, k {k}): {row.errors[0]}")
         advice["idle"] = advised(verifier.url, 6)
