@@ -35,7 +35,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts.gpu.physics import pass_times, round_times
 from scripts.harness.load import PROMPTS, REPLAY_MISS, references, run_drafters
 from scripts.harness.local import LocalVerifier, free_port, stop_process
 
@@ -81,7 +80,7 @@ def verifier_env(model: Path, args, **settings: object) -> dict[str, str]:
         "VERIFIER_MODEL_PATH": str(model),
         "VERIFIER_N_GPU_LAYERS": str(args.gpu_layers),
         "VERIFIER_N_CTX": str(args.n_ctx),
-        "VERIFIER_MAX_SESSIONS": str(max(args.drafters) + 2),
+        "VERIFIER_MAX_SESSIONS": str(max(args.drafters) + 4),  # the advice's session too
         "VERIFIER_MAX_QUEUE": str(4 * max(args.drafters) + 16),
     }
     env.update({f"VERIFIER_{k.upper()}": str(v) for k, v in settings.items()})
@@ -97,28 +96,51 @@ def probe(report: Report, model: Path, args) -> None:
             info = httpx.get(f"{verifier.url}/info", timeout=60).json()
         rows.append([
             pin, info["batch_invariant"], f"{info['batch_max_diff']:g}", info["pinned_width"],
+            info.get("pinned_logits", False),
             info["prefill_chunk_invariant"], info["prompt_chunk"], info["pass_cost_rows"],
             info["flash_attn"], f"{started:.1f}",
         ])  # fmt: skip
     report.say("### (a) The startup probe")
     report.table(
-        ["VERIFIER_PIN_SHAPES", "batch_invariant", "batch_max_diff", "pinned_width",
+        ["VERIFIER_PIN_SHAPES", "batch_invariant", "batch_max_diff", "pinned_width", "every logit",
          "prefill_chunk_invariant", "prompt_chunk", "pass_cost_rows", "flash_attn",
          "start s"], rows,
     )  # fmt: skip
     report.keep(f"{model.stem}/probe", rows)
 
 
+def physics_figures(model: Path, args) -> tuple[dict, dict]:
+    """scripts/gpu/physics.py in a process of its own: ({context: {rows: ms}},
+    {sessions: ms}); a crash raised with the end of what it wrote."""
+    listed = [",".join(str(n) for n in ns) for ns in (args.contexts, args.rows, args.sessions)]
+    command = [
+        sys.executable, "-X", "faulthandler", str(Path(__file__).with_name("physics.py")),
+        "--model", str(model), "--gpu-layers", str(args.gpu_layers), "--contexts", listed[0],
+        "--rows", listed[1], "--sessions", listed[2], "--repeats", str(args.repeats),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            found.update(json.loads(line))
+    if done.returncode or "passes" not in found:
+        tail = "\n".join(done.stderr.splitlines()[-25:])
+        raise RuntimeError(
+            f"physics.py ended with {done.returncode}, after {sorted(found)}:\n{tail}"
+        )
+    rounds = {int(c): {int(r): ms for r, ms in by.items()} for c, by in found["rounds"].items()}
+    return rounds, {int(s): ms for s, ms in found["passes"].items()}
+
+
 def physics(report: Report, model: Path, args) -> None:
     contexts, row_counts, sessions = args.contexts, args.rows, args.sessions
-    rounds = round_times(model, args.gpu_layers, contexts, row_counts, args.repeats)
+    rounds, passes = physics_figures(model, args)
     report.say("### (c) One round of n rows, median ms (the runtime alone)")
     report.table(
         ["context", *[f"{r} rows" for r in row_counts], f"{row_counts[-1]} rows / 1 row"],
         [[c, *[f"{rounds[c][r]:.2f}" for r in row_counts],
           f"{rounds[c][row_counts[-1]] / rounds[c][row_counts[0]]:.2f}x"] for c in contexts],
     )  # fmt: skip
-    passes = pass_times(model, args.gpu_layers, contexts[0], sessions, args.repeats)
     report.say(f"### (c) One pass of n sessions' 5-row rounds at {contexts[0]} tokens, ms")
     report.table(
         ["sessions", "pass ms", "ms a session", "rows"],
@@ -212,10 +234,12 @@ def _advised_into(seen: list, url: str) -> None:
     seen.extend(advised(url, 6))
 
 
-def advised(url: str, rounds: int) -> list[int | None]:
+def advised(url: str, rounds: int) -> list[int | str | None]:
     """A session's advised draft lengths over `rounds` rounds without a draft."""
     with httpx.Client(base_url=url, timeout=600) as client:
         opened = client.post("/prefill", json={"prompt": "The weather today"}).json()
+        if "total_tokens" not in opened:  # refused (sessions full, a queue too long)
+            return [f"refused: {opened.get('error', opened)}"]
         n_past, seen = opened["total_tokens"], []
         for _ in range(rounds):
             step = client.post(

@@ -1,13 +1,24 @@
 """What a row costs where the verifier runs: llama.cpp's passes timed through the
-verifier's own runtime (no server, no scheduling), for scripts/gpu/measure.py."""
+verifier's own runtime (no server, no scheduling). scripts/gpu/measure.py runs it as a
+process of its own, so that a crash in llama.cpp costs this part only and leaves its
+Python stack (`-X faulthandler`) in the report:
+
+    python3 -X faulthandler scripts/gpu/physics.py --model M --contexts 100,2000 \
+        --rows 1,2,4 --sessions 1,2,4 --repeats 3      # prints one JSON object
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from server.shared.runtime import BatchEntry, LlamaRuntime
 
@@ -91,3 +102,25 @@ def pass_times(
         }
     finally:
         runtime.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--gpu-layers", type=int, default=-1)
+    parser.add_argument("--contexts", required=True)
+    parser.add_argument("--rows", required=True)
+    parser.add_argument("--sessions", required=True)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    contexts, rows, sessions = (
+        [int(n) for n in s.split(",")] for s in (args.contexts, args.rows, args.sessions)
+    )
+    rounds = round_times(args.model, args.gpu_layers, contexts, rows, args.repeats)
+    print(json.dumps({"rounds": rounds}), flush=True)  # a later crash keeps these
+    passes = pass_times(args.model, args.gpu_layers, contexts[0], sessions, args.repeats)
+    print(json.dumps({"passes": passes}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,7 @@ R = TypeVar("R")
 class DecodingRuntime(Protocol):
     n_vocab: int
 
-    def decode(self, entries: Sequence[BatchEntry]) -> np.ndarray: ...
+    def decode(self, entries: Sequence[BatchEntry], every_logit: bool = False) -> np.ndarray: ...
 
     def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...
 
@@ -53,8 +53,11 @@ class Piece:
         return len(self.tokens) if self.keep is None else self.keep
 
 
-def decode_pieces(runtime: DecodingRuntime, pieces: Sequence[Piece]) -> list[np.ndarray]:
-    """One llama_decode of every piece, in the order given; each piece's logits rows.
+def decode_pieces(
+    runtime: DecodingRuntime, pieces: Sequence[Piece], every_logit: bool = False
+) -> list[np.ndarray]:
+    """One llama_decode of every piece, in the order given; each piece's logits rows
+    (`every_logit`: every row's computed, those asked for returned).
     If it fails, or a piece's padding or filler cells cannot be removed after it, every
     piece's cells from its start are removed and the error raised: the sequences are as
     they were."""
@@ -66,7 +69,7 @@ def decode_pieces(runtime: DecodingRuntime, pieces: Sequence[Piece]) -> list[np.
             for i, token in enumerate(piece.tokens)
         ]
     try:
-        rows = runtime.decode(entries)
+        rows = runtime.decode(entries, every_logit)
     except Exception:
         for piece in pieces:
             forget(runtime, piece.seq_id, piece.start)

@@ -348,6 +348,7 @@ class InfoResponse(ResponseModel):
         description="> 0: every pass is every session this many rows wide (shapes pinned "
         "because this build's kernels change with the row count)",
     )
+    pinned_logits: bool = Field(False, description="pinned passes compute every row's logits")
     max_pass_rows: int = Field(0, description="the most rows one pass of rounds has")
     pass_cost_rows: float = Field(
         0.0, description="what one forward pass costs here, in rows (the pass planner's trade)"

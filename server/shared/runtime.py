@@ -317,8 +317,10 @@ class LlamaRuntime(LlamaVocab):
 
     # -- the KV cache -----------------------------------------------------------------
 
-    def decode(self, entries: Sequence[BatchEntry]) -> np.ndarray:
-        """One llama_decode of `entries`; returns the logits rows asked for, in order."""
+    def decode(self, entries: Sequence[BatchEntry], every_logit: bool = False) -> np.ndarray:
+        """One llama_decode of `entries`; returns the logits rows asked for, in order.
+        `every_logit`: every row's logits computed (only those asked for are read), so the
+        output projection has the same shape whatever rows are asked for."""
         if not entries:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         if len(entries) > self.n_batch:
@@ -329,7 +331,7 @@ class LlamaRuntime(LlamaVocab):
             batch.pos[i] = entry.pos
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = entry.seq_id
-            batch.logits[i] = entry.want_logits
+            batch.logits[i] = every_logit or entry.want_logits
         batch.n_tokens = len(entries)
         status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:

@@ -90,6 +90,7 @@ def describe_ready(engine: Engine) -> str:
         else f"NOT exact (logits differ by {report.max_abs_diff:g})"
     )
     pinned = f", pinned at {shapes.pinned_width} rows a session" if shapes.pinned_width else ""
+    pinned += " and every row's logits" if shapes.pinned_logits else ""
     reuse = "on" if engine.prefix_cache else "off"
     tiled = (
         f" ({engine.cuts.tile_rows} rows or more: past that, the rest below it)"

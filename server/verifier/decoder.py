@@ -116,7 +116,7 @@ class PassDecoder:
             logits = range(len(job.tokens)) if job.logits else ()
             pieces.append(Piece(seq_id, job.start, tokens, logits, len(job.tokens)))
         began = time.perf_counter()
-        rows = decode_pieces(self.runtime, pieces)
+        rows = decode_pieces(self.runtime, pieces, plan.every_logit)
         seconds = time.perf_counter() - began
         seq_ids = [p.seq_id for p in pieces for _ in p.tokens]
         record = PassRecord(

@@ -352,6 +352,7 @@ def engine_info(engine: Engine) -> InfoResponse:
         batch_invariant=report.batch_invariant,
         batch_max_diff=report.max_abs_diff,
         pinned_width=report.pinned_width,
+        pinned_logits=report.pinned_logits,
         max_pass_rows=shapes.max_rows,
         pass_cost_rows=round(shapes.pass_cost_rows, 2),
         prefill_chunk_invariant=report.prefill_chunk_invariant,

@@ -83,6 +83,7 @@ class InvarianceReport:
     argmax_agrees: bool  # the greedy choice at every probed position, all ways
     positions: int
     pinned_width: int = 0  # > 0: every pass is every sequence this many rows wide
+    pinned_logits: bool = False  # pinned passes compute every row's logits
     prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
     prefill_chunk_max_diff: float = 0.0
     prompt_chunk: int = 0  # the chunk length those two describe
@@ -151,6 +152,7 @@ def probe_engine(
         free,
         pass_cost_rows=settings.pass_cost_rows or report.pass_cost_rows,
         pinned_width=report.pinned_width,
+        pinned_logits=report.pinned_logits,
     )
     return report, shapes
 
@@ -199,10 +201,19 @@ def probe(
         elif pin != "off":
             pinned = replace(free, pinned_width=pin_width)
             pinned_report = replace(rounds(pinned), pinned_width=pin_width)
+            if not pinned_report.batch_invariant:
+                # The output projection's kernel may change with the rows it projects (as
+                # CUDA's does): every row's logits computed gives it one shape.
+                every = replace(pinned, pinned_logits=True)
+                every_report = replace(rounds(every), pinned_width=pin_width, pinned_logits=True)
+                if every_report.max_abs_diff < pinned_report.max_abs_diff:
+                    pinned_report = every_report
             if report is None or pinned_report.batch_invariant:
                 report = pinned_report
         assert report is not None
-        shapes = replace(free, pinned_width=report.pinned_width)
+        shapes = replace(
+            free, pinned_width=report.pinned_width, pinned_logits=report.pinned_logits
+        )
         chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
         if not report.batch_invariant:
             chunks = chunks[:1]  # shorter chunks serve only reuse, which needs exact rounds

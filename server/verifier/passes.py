@@ -12,7 +12,10 @@ pass costs `pass_cost_rows` rows of compute plus its rows (the startup probe mea
 the ratio: on a GPU a pass costs far more than a row, on a CPU less). Pinned shapes
 (`plan_pinned`): every pass spans every sequence with `width` rows each, whatever is
 waiting, so every row is computed by the same kernels in every pass (builds whose
-kernels change with the row count). Either way no pass exceeds the rows the probe proved.
+kernels change with the row count); with `pinned_logits` the output projection too: every
+row's logits are computed, whichever are read (builds whose projection kernel changes with
+the rows it projects, as CUDA's does). Either way no pass exceeds the rows the probe
+proved.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class PassPlan:
     """Sequences `first`..`last`, `width` rows each; `jobs` are the sequence ids in it
-    with work of their own (the others get filler rows)."""
+    with work of their own (the others get filler rows); `every_logit`: every row's logits
+    computed."""
 
     first: int
     last: int
     width: int
     jobs: tuple[int, ...]
+    every_logit: bool = False
 
     @property
     def rows(self) -> int:
@@ -38,25 +43,29 @@ class PassPlan:
 @dataclass(frozen=True)
 class PassShapes:
     """The shapes the probe proved: a pass's most rows; with `pinned_width`, every pass
-    is `n_seq` sequences of exactly that many rows."""
+    is `n_seq` sequences of exactly that many rows (and with `pinned_logits`, every row's
+    logits computed)."""
 
     n_seq: int
     max_rows: int
     pass_cost_rows: float
     pinned_width: int = 0
+    pinned_logits: bool = False
 
     def plan(self, rows_by_seq: dict[int, int]) -> list[PassPlan]:
         if self.pinned_width:
-            return plan_pinned(rows_by_seq, self.n_seq, self.pinned_width)
+            return plan_pinned(rows_by_seq, self.n_seq, self.pinned_width, self.pinned_logits)
         return plan_passes(rows_by_seq, self.max_rows, self.pass_cost_rows)
 
 
-def plan_pinned(rows_by_seq: dict[int, int], n_seq: int, width: int) -> list[PassPlan]:
+def plan_pinned(
+    rows_by_seq: dict[int, int], n_seq: int, width: int, every_logit: bool = False
+) -> list[PassPlan]:
     if not rows_by_seq:
         return []
     if max(rows_by_seq.values()) > width:
         raise ValueError(f"a job of {max(rows_by_seq.values())} rows in passes {width} wide")
-    return [PassPlan(0, n_seq - 1, width, tuple(sorted(rows_by_seq)))]
+    return [PassPlan(0, n_seq - 1, width, tuple(sorted(rows_by_seq)), every_logit)]
 
 
 def plan_passes(

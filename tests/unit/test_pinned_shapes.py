@@ -1,16 +1,18 @@
 """Greedy exact where kernels change with the row count (as on a GPU), on the fake runtime
 whose kernels do: every pass every sequence at one width, so every row of every pass,
-speculative or `/generate`, is computed the same way."""
+speculative or `/generate`, is computed the same way; where the output projection changes
+with the rows it projects too (CUDA's), every row's logits computed in every pass."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import engine_info
-from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
+from tests.fixtures.fake_runtime import FakeRuntime, same_head, switches_by_rows
 from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent
 
@@ -18,8 +20,16 @@ MAX_DRAFT = 6
 PROMPT = "a prompt long enough for several chunks of the pinned width, and then some"
 
 
-def build(pin_shapes: str = "auto"):
-    runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256, kernel=switches_by_rows())
+def by_rows_projected(rows: int) -> int:
+    """An output projection whose kernel is another for every count of rows (as CUDA's
+    vector kernel is, by its columns)."""
+    return rows
+
+
+def build(pin_shapes: str = "auto", head=same_head):
+    runtime = FakeRuntime(
+        n_seq_max=4, n_batch=64, n_ctx_per_seq=256, kernel=switches_by_rows(), head=head
+    )
     engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
     return runtime, engine, stepped_scheduler(engine)
 
@@ -79,6 +89,7 @@ def test_the_probe_pins_shapes_where_free_ones_are_not_exact():
     _, engine, _ = build()
     info = engine_info(engine)
     assert info.pinned_width == MAX_DRAFT + 1 and info.batch_invariant
+    assert info.pinned_logits is False  # rows pinned suffice here: no logits computed unread
     assert info.strategies["greedy"] is True
     assert engine.prompt_chunk == MAX_DRAFT + 1  # prompts go at the pinned width too
     _, free, _ = build(pin_shapes="off")
@@ -110,4 +121,25 @@ def test_with_free_shapes_on_such_kernels_greedy_is_not_exact_and_says_so(pin_sh
     expected, got = asyncio.run(scenario())
     assert got != expected  # what pinning prevents
     assert engine.lossless("greedy") is False
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_where_the_projection_changes_with_its_rows_the_probe_pins_every_logit_too():
+    _, engine, _ = build(head=by_rows_projected)
+    info = engine_info(engine)
+    assert info.pinned_width == MAX_DRAFT + 1 and info.pinned_logits is True
+    assert info.batch_invariant and info.strategies["greedy"] is True
+
+
+@pytest.mark.parametrize("every_logit", [True, False])
+def test_with_every_logit_computed_greedy_speculation_equals_the_verifier_alone(every_logit):
+    runtime, engine, scheduler = build(head=by_rows_projected)
+    engine.shapes = replace(engine.shapes, pinned_logits=every_logit)
+
+    async def scenario():
+        expected = await alone(scheduler, 30)
+        return expected, await speculative(scheduler, expected, 30)
+
+    expected, got = asyncio.run(scenario())
+    assert (got == expected) is every_logit  # rows pinned alone leave the projection free
     assert_consistent(runtime, engine, scheduler)
