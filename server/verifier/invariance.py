@@ -211,9 +211,7 @@ def probe(
             if report is None or pinned_report.batch_invariant:
                 report = pinned_report
         assert report is not None
-        shapes = replace(
-            free, pinned_width=report.pinned_width, pinned_logits=report.pinned_logits
-        )
+        shapes = replace(free, pinned_width=report.pinned_width, pinned_logits=report.pinned_logits)
         chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
         if not report.batch_invariant:
             chunks = chunks[:1]  # shorter chunks serve only reuse, which needs exact rounds
