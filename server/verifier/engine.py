@@ -109,7 +109,7 @@ class Engine:
         self.retiler = Retiler(self.cuts)
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
-        # Unpinned and untimed (shapes that were not exact), nothing is known yet.
+        # Unpinned, the probe's timed passes start the curve.
         prior = MAX_FIXED_ROWS if self.shapes.pinned_width else None
         if report.pass_s and not self.shapes.pinned_width:
             prior = self.shapes.pass_cost_rows

@@ -194,11 +194,7 @@ def probe(
 
     try:
         report = rounds(free) if pin != "on" else None
-        if report is not None and report.batch_invariant:
-            rows = min(round_rows, TIMED_ROUND_ROWS)
-            cost_rows, timed = _pass_cost(target, free, ids, rows)
-            report = replace(report, pass_cost_rows=cost_rows, pass_s=timed)
-        elif pin != "off":
+        if pin != "off" and (report is None or not report.batch_invariant):
             pinned = replace(free, pinned_width=pin_width)
             pinned_report = replace(rounds(pinned), pinned_width=pin_width)
             if not pinned_report.batch_invariant:
@@ -211,6 +207,12 @@ def probe(
             if report is None or pinned_report.batch_invariant:
                 report = pinned_report
         assert report is not None
+        if not report.pinned_width:
+            # Free shapes, exact or not, need the planner's trade between padding rows and
+            # more passes: untimed, it would take every round as a pass of its own.
+            rows = min(round_rows, TIMED_ROUND_ROWS)
+            cost_rows, timed = _pass_cost(target, free, ids, rows)
+            report = replace(report, pass_cost_rows=cost_rows, pass_s=timed)
         shapes = replace(free, pinned_width=report.pinned_width, pinned_logits=report.pinned_logits)
         chunks = [pin_width] if report.pinned_width else list(prompt_chunks)
         if not report.batch_invariant:
