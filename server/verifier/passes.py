@@ -90,7 +90,7 @@ def plan_passes(
             if rows > max_rows:
                 break
             cost = best[i - 1] + pass_cost_rows + rows
-            if cost < best[j]:
+            if cost <= best[j]:  # a tie: the wider last pass (each pass has some cost)
                 best[j], cut[j] = cost, i - 1
     plans, j = [], n
     while j > 0:

@@ -44,6 +44,13 @@ def test_rounds_of_neighbouring_sessions_share_one_pass_padded_to_the_widest():
     assert plans[0].rows == 15
 
 
+def test_where_a_pass_costs_nothing_measurable_rounds_that_pad_nothing_still_share_one():
+    # No padding either way: a tie, and every pass has some cost.
+    assert plan_passes({0: 1, 1: 1, 2: 1, 3: 1}, max_rows=100, pass_cost_rows=0.0) == [
+        PassPlan(0, 3, 1, (0, 1, 2, 3))
+    ]
+
+
 def test_a_small_gap_is_filled_and_a_large_one_splits_as_the_cost_says():
     # One sequence between them: 5 filler rows cost less than a pass of 6.
     assert plan_passes({0: 5, 2: 5}, max_rows=100, pass_cost_rows=6) == [PassPlan(0, 2, 5, (0, 2))]
