@@ -109,43 +109,57 @@ def probe(report: Report, model: Path, args) -> None:
     report.keep(f"{model.stem}/probe", rows)
 
 
-def physics_figures(model: Path, args) -> tuple[dict, dict]:
+def physics_figures(model: Path, args) -> tuple[dict, dict, str]:
     """scripts/gpu/physics.py in a process of its own: ({context: {rows: ms}},
-    {sessions: ms}); a crash raised with the end of what it wrote."""
+    {sessions: ms}, "" or how it ended: a crash or a timeout, with the end of what it
+    wrote; the figures it printed before count)."""
     listed = [",".join(str(n) for n in ns) for ns in (args.contexts, args.rows, args.sessions)]
     command = [
         sys.executable, "-X", "faulthandler", str(Path(__file__).with_name("physics.py")),
         "--model", str(model), "--gpu-layers", str(args.gpu_layers), "--contexts", listed[0],
         "--rows", listed[1], "--sessions", listed[2], "--repeats", str(args.repeats),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    found = {}
-    for line in done.stdout.splitlines():
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=420)
+        stdout, stderr, ended = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout, stderr, ended = _text(exc.stdout), _text(exc.stderr), "a timeout"
+    found: dict = {}
+    for line in stdout.splitlines():
         if line.startswith("{"):
             found.update(json.loads(line))
-    if done.returncode or "passes" not in found:
-        tail = "\n".join(done.stderr.splitlines()[-25:])
-        raise RuntimeError(
-            f"physics.py ended with {done.returncode}, after {sorted(found)}:\n{tail}"
-        )
-    rounds = {int(c): {int(r): ms for r, ms in by.items()} for c, by in found["rounds"].items()}
-    return rounds, {int(s): ms for s, ms in found["passes"].items()}
+    rounds = {
+        int(c): {int(r): ms for r, ms in by.items()} for c, by in found.get("rounds", {}).items()
+    }
+    passes = {int(s): ms for s, ms in found.get("passes", {}).items()}
+    if ended or not passes:
+        tail = "\n".join(stderr.splitlines()[-25:])
+        return rounds, passes, f"physics.py ended with {ended}:\n```\n{tail}\n```"
+    return rounds, passes, ""
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def physics(report: Report, model: Path, args) -> None:
     contexts, row_counts, sessions = args.contexts, args.rows, args.sessions
-    rounds, passes = physics_figures(model, args)
-    report.say("### (c) One round of n rows, median ms (the runtime alone)")
-    report.table(
-        ["context", *[f"{r} rows" for r in row_counts], f"{row_counts[-1]} rows / 1 row"],
-        [[c, *[f"{rounds[c][r]:.2f}" for r in row_counts],
-          f"{rounds[c][row_counts[-1]] / rounds[c][row_counts[0]]:.2f}x"] for c in contexts],
-    )  # fmt: skip
-    report.say(f"### (c) One pass of n sessions' 5-row rounds at {contexts[0]} tokens, ms")
-    report.table(
-        ["sessions", "pass ms", "ms a session", "rows"],
-        [[s, f"{passes[s]:.2f}", f"{passes[s] / s:.2f}", 5 * s] for s in sessions],
-    )
+    rounds, passes, ended = physics_figures(model, args)
+    if rounds:
+        report.say("### (c) One round of n rows, median ms (the runtime alone)")
+        report.table(
+            ["context", *[f"{r} rows" for r in row_counts], f"{row_counts[-1]} rows / 1 row"],
+            [[c, *[f"{rounds[c][r]:.2f}" for r in row_counts],
+              f"{rounds[c][row_counts[-1]] / rounds[c][row_counts[0]]:.2f}x"] for c in contexts],
+        )  # fmt: skip
+    if passes:
+        report.say(f"### (c) One pass of n sessions' 5-row rounds at {contexts[0]} tokens, ms")
+        report.table(
+            ["sessions", "pass ms", "ms a session", "rows"],
+            [[s, f"{passes[s]:.2f}", f"{passes[s] / s:.2f}", 5 * s] for s in sessions],
+        )
+    if ended:
+        report.say(f"**physics incomplete**: {ended}")
     report.keep(f"{model.stem}/physics", {"rounds": rounds, "passes": passes})
 
 

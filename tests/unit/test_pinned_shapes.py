@@ -146,3 +146,32 @@ def test_with_every_logit_computed_greedy_speculation_equals_the_verifier_alone(
     expected, got = asyncio.run(scenario())
     assert (got == expected) is every_logit  # rows pinned alone leave the projection free
     assert_consistent(runtime, engine, scheduler)
+
+
+def test_a_pinned_pass_decoded_again_job_by_job_still_computes_every_logit():
+    runtime, engine, scheduler = build(head=by_rows_projected)
+    assert engine.shapes.pinned_logits
+
+    async def scenario():
+        expected = await alone(scheduler, 12)
+        # Every pass with two sessions' rounds fails: each is decoded again alone.
+        runtime.fail_decode = lambda entries: len({e.seq_id for e in entries if e.want_logits}) > 1
+        return expected, await speculative(scheduler, expected, 12)
+
+    probed = len(runtime.decodes)  # the startup probe's decodes, some of other shapes
+    expected, got = asyncio.run(scenario())
+    assert got == expected
+    served = zip(runtime.projected_rows[probed:], runtime.decodes[probed:], strict=True)
+    assert all(rows == len(entries) for rows, entries in served)
+    assert_consistent(runtime, engine, scheduler)
+
+
+def test_the_probe_checks_the_widest_pass_the_planner_can_make():
+    # A kernel that changes only in passes of more than 16 rows: rounds of 4 sessions, 7
+    # rows each, make such a pass, whatever pass cost the settings give.
+    runtime = FakeRuntime(
+        n_seq_max=4, n_batch=64, n_ctx_per_seq=256, kernel=switches_by_rows(999, 16)
+    )
+    engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes="off")
+    assert engine.shapes.plan({s: MAX_DRAFT + 1 for s in range(4)})[0].rows > 16
+    assert engine_info(engine).batch_invariant is False
