@@ -471,12 +471,28 @@ def run(args: argparse.Namespace, systems: list[System], questions: list[Questio
     return rows
 
 
+def alike(rows: list[dict], systems: list[System]) -> set[tuple[int, int]]:
+    """The answers (question, turn) every system wrote with the same text: the same work
+    for each, where tokens/s compare speed alone (pure)."""
+    texts: dict[tuple[int, int], dict[str, str]] = {}
+    for r in rows:
+        texts.setdefault((r["question_id"], r["turn"]), {})[r["system"]] = r["text"]
+    names = {s.name for s in systems}
+    return {
+        key
+        for key, by_system in texts.items()
+        if set(by_system) == names and len(set(by_system.values())) == 1
+    }
+
+
 def summarize(rows: list[dict], families: Sequence[str], systems: list[System]) -> dict:
     """Per family (and "all") and system: tokens, seconds, tokens/s, mean accepted tokens,
-    and for ours, answers equal to the verifier alone's."""
+    the same over the answers every system wrote alike, and for ours, answers equal to the
+    verifier alone's."""
     reference = {
         (r["question_id"], r["turn"]): r["text"] for r in rows if r["system"] == "verifier"
     }
+    same = alike(rows, systems)
     summary: dict[str, dict[str, dict]] = {}
     for family in [*families, "all"]:
         summary[family] = {}
@@ -494,6 +510,12 @@ def summarize(rows: list[dict], families: Sequence[str], systems: list[System]) 
                 "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "mean_accepted_tokens": tokens / max(tokens - accepted, 1) if tokens else 0.0,
             }
+            both = [r for r in mine if (r["question_id"], r["turn"]) in same]
+            both_seconds = sum(r["seconds"] for r in both)
+            block["alike_answers"] = len(both)
+            block["alike_tokens_per_s"] = (
+                sum(r["tokens"] for r in both) / both_seconds if both_seconds > 0 else 0.0
+            )
             if system.kind == "serve" and reference:
                 compared = [r for r in mine if (r["question_id"], r["turn"]) in reference]
                 block["identical"] = sum(
@@ -533,6 +555,8 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         if family == "all":
             cells = [f"**{c}**" for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
+    if llamas:
+        lines += ["", *alike_table(summary, systems)]
     drafting = [s for s in systems if s.speculative]
     if drafting:
         lines += [
@@ -554,6 +578,32 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         )
         lines += ["", f"Greedy answers equal to the verifier alone's: {same}."]
     return "\n".join(lines)
+
+
+def alike_table(summary: dict, systems: list[System]) -> list[str]:
+    """Tokens/s over the answers every system wrote alike. llama-server's greedy answers
+    can differ from ours (its prompt passes' numbers can tip a near-tie), and a longer
+    answer spreads its prompt's time over more tokens: on the same text, speed alone."""
+    names = [s.name for s in systems]
+    llamas = [s.name for s in systems if s.kind == "llama"]
+    head = ["family", "answers alike", *(s.label for s in systems)]
+    default = "default" in names
+    lines = [
+        "Tokens per second on the answers every system wrote alike (the same text, the same work):",
+        "",
+        "| " + " | ".join([*head, *(["default / best llama-server"] if default else [])]) + " |",
+        "|---|" + "---:|" * (len(head) - 1 + default),
+    ]
+    for family, block in summary.items():
+        rate = {name: block[name]["alike_tokens_per_s"] for name in names}
+        cells = [LABELS.get(family, "all"), str(block[names[0]]["alike_answers"])]
+        cells += [f"{rate[name]:.1f}" for name in names]
+        if default:
+            cells.append(ratio(rate["default"], max(rate[name] for name in llamas)))
+        if family == "all":
+            cells = [f"**{c}**" for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -217,3 +217,29 @@ def test_humaneval_sessions_carry_each_problem_and_the_first_answer_back():
     assert turn_text(fix.turns[1], history) == fix.turns[1]  # nothing to carry back
     mixed = load_questions(["qa", "code_fix"], 2)
     assert [q.family for q in mixed] == ["qa", "code_fix", "qa", "code_fix"]
+
+
+def test_speed_on_the_same_work_counts_only_answers_every_system_wrote_alike():
+    """Where llama-server's greedy answer differs from ours, its tokens/s is other work."""
+    from scripts.bench_tasks import SYSTEMS, alike, summarize
+
+    systems = [SYSTEMS["verifier"], SYSTEMS["default"], SYSTEMS["llama"]]
+
+    def row(system, qid, text, tokens, seconds):
+        return {"system": system, "question_id": qid, "turn": 1, "family": "qa", "text": text,
+                "tokens": tokens, "seconds": seconds, "accepted": None}  # fmt: skip
+
+    rows = [
+        row("verifier", 1, "same", 10, 1.0), row("default", 1, "same", 10, 0.5),
+        row("llama", 1, "same", 10, 1.0),
+        # llama-server wrote more here: left out of the same-work rates.
+        row("verifier", 2, "short", 5, 1.0), row("default", 2, "short", 5, 1.0),
+        row("llama", 2, "longer", 50, 1.0),
+        row("verifier", 3, "x", 5, 1.0), row("llama", 3, "x", 5, 1.0),  # one system missing
+    ]  # fmt: skip
+    assert alike(rows, systems) == {(1, 1)}
+    all_ = summarize(rows, ["qa"], systems)["all"]
+    assert all_["default"]["alike_answers"] == 1
+    assert all_["default"]["alike_tokens_per_s"] == 20.0
+    assert all_["llama"]["alike_tokens_per_s"] == 10.0
+    assert all_["llama"]["tokens_per_s"] == 65 / 3  # every answer: other work counted
