@@ -173,7 +173,10 @@ def alone(url: str, prompts: list[str], tokens: int) -> float:
 
     def one(prompt: str) -> int:
         body = {"prompt": prompt, "max_tokens": tokens}
-        return len(httpx.post(f"{url}/generate", json=body, timeout=600).json()["tokens"])
+        answer = httpx.post(f"{url}/generate", json=body, timeout=600)
+        if answer.status_code != 200:  # the report shows why: no log comes back from there
+            raise RuntimeError(f"/generate answered {answer.status_code}: {answer.text[:300]}")
+        return len(answer.json()["tokens"])
 
     began = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
