@@ -320,7 +320,8 @@ class LlamaRuntime(LlamaVocab):
     def decode(self, entries: Sequence[BatchEntry], every_logit: bool = False) -> np.ndarray:
         """One llama_decode of `entries`; returns the logits rows asked for, in order.
         `every_logit`: every row's logits computed (only those asked for are read), so the
-        output projection has the same shape whatever rows are asked for."""
+        steps llama.cpp runs on output rows only (the last layer's feed-forward part, the
+        output projection) have the same shape whatever rows are asked for."""
         if not entries:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         if len(entries) > self.n_batch:

@@ -198,8 +198,9 @@ def probe(
             pinned = replace(free, pinned_width=pin_width)
             pinned_report = replace(rounds(pinned), pinned_width=pin_width)
             if not pinned_report.batch_invariant:
-                # The output projection's kernel may change with the rows it projects (as
-                # CUDA's does): every row's logits computed gives it one shape.
+                # llama.cpp runs the last layer's feed-forward part and the output
+                # projection on the rows asked for only, and CUDA picks those kernels by
+                # their number: every row's logits computed gives them one shape.
                 every = replace(pinned, pinned_logits=True)
                 every_report = replace(rounds(every), pinned_width=pin_width, pinned_logits=True)
                 if every_report.max_abs_diff < pinned_report.max_abs_diff:

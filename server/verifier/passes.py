@@ -12,9 +12,10 @@ pass costs `pass_cost_rows` rows of compute plus its rows (the startup probe mea
 the ratio: on a GPU a pass costs far more than a row, on a CPU less). Pinned shapes
 (`plan_pinned`): every pass spans every sequence with `width` rows each, whatever is
 waiting, so every row is computed by the same kernels in every pass (builds whose
-kernels change with the row count); with `pinned_logits` the output projection too: every
-row's logits are computed, whichever are read (builds whose projection kernel changes with
-the rows it projects, as CUDA's does). Either way no pass exceeds the rows the probe
+kernels change with the row count); with `pinned_logits` the steps llama.cpp runs on
+output rows only too (the last layer's feed-forward part, the output projection): every
+row's logits are computed, whichever are read (builds whose kernels there change with
+those rows' number, as CUDA's do). Either way no pass exceeds the rows the probe
 proved.
 """
 
