@@ -340,9 +340,14 @@ class LlamaRuntime(LlamaVocab):
         self.decoded_tokens_total += len(entries)
         rows = [i for i, entry in enumerate(entries) if entry.want_logits]
         out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+        # One memmove a row (no array object made around llama.cpp's buffer): a round of
+        # one row pays this on every token.
+        row_bytes, base = out.strides[0], out.ctypes.data
         for row, i in enumerate(rows):
             ptr = llama_cpp.llama_get_logits_ith(self._ctx, i)
-            out[row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            if not ptr:
+                raise LlamaError(f"llama.cpp has no logits for row {i}")
+            ctypes.memmove(base + row * row_bytes, ptr, row_bytes)
         return out
 
     def next_position(self, seq_id: int) -> int:

@@ -108,8 +108,13 @@ class PassCost:
             _add(self._seed, rows, seconds, SEED_WEIGHT)
         self._seen: dict[int, list[float]] = {}
         self.sharing = 1.0  # sessions a pass of rounds holds, recent passes weighted more
+        # t(rows) as the points stand, kept until the next pass: read several times a
+        # pass (the advice, a chunk's copy, the metrics), which is the engine's hot path.
+        self._seconds: Callable[[float], float] | None = None
+        self._stale = True
 
     def observe(self, rows: int, seconds: float, sessions: int) -> None:
+        self._stale = True
         d = PASS_DECAY
         for bucket in list(self._seen):
             sums = self._seen[bucket] = [d * total for total in self._seen[bucket]]
@@ -138,10 +143,16 @@ class PassCost:
 
     def seconds(self) -> Callable[[float], float] | None:
         """t(rows), or None while nothing tells."""
+        if self._stale:
+            self._seconds, self._stale = self._curve(), False
+        return self._seconds
+
+    def _curve(self) -> Callable[[float], float] | None:
         points = self.points()
         if len(points) < 2:
             return None if self.prior_fixed_rows is None else line_seconds(self.prior_fixed_rows)
-        return lambda rows: _read(points, rows)
+        xs = [x for x, _ in points]
+        return lambda rows: _read(points, rows, xs)
 
     @property
     def fixed_rows(self) -> float | None:
@@ -199,13 +210,14 @@ def _add(buckets: dict[int, list[float]], rows: int, seconds: float, weight: flo
     buckets[bucket] = [w + weight, x + weight * rows, y + weight * seconds]
 
 
-def _read(points: Sequence[tuple[float, float]], rows: float) -> float:
+def _read(points: Sequence[tuple[float, float]], rows: float, xs: Sequence[float]) -> float:
     """The straight line between the two points around `rows` (the last two past the
-    end); below the first point, its time in proportion to the rows."""
+    end); below the first point, its time in proportion to the rows. `xs`: the points'
+    rows."""
     x0, y0 = points[0]
     if rows <= x0:
         return y0 * rows / x0
-    i = bisect.bisect_left([x for x, _ in points], rows)
+    i = bisect.bisect_left(xs, rows)
     i = min(max(i, 1), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
     slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0

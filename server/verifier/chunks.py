@@ -20,6 +20,7 @@ from server.shared.protocol import RoundTimings, VerifyRequest, VerifyResponse
 class ChunkSteps:
     request: VerifyRequest  # the client's: its key is the one a replay of the chunk has
     steps: list[VerifyResponse] = field(default_factory=list)
+    committed: int = 0  # the steps' tokens, counted as they come (`add`)
 
     @property
     def wanted(self) -> int:
@@ -28,7 +29,11 @@ class ChunkSteps:
     @property
     def left(self) -> int:
         """Tokens still wanted."""
-        return self.wanted - sum(len(step.tokens) for step in self.steps)
+        return self.wanted - self.committed
+
+    def add(self, step: VerifyResponse) -> None:
+        self.steps.append(step)
+        self.committed += len(step.tokens)
 
     def next_request(self, copy: list[int] | None = None) -> VerifyRequest:
         """The next step: the client's own round first, then one from where the last step
@@ -49,13 +54,15 @@ class ChunkSteps:
         last = self.steps[-1]
         return self.left <= 0 or last.eos or last.total_tokens > n_ctx
 
-    def answer(self) -> VerifyResponse:
+    def answer(self, advised_draft: int | None) -> VerifyResponse:
         """The steps so far as one round's answer: a round without a client's draft (the
-        verifier's own copies in it are no accepted drafts of the client's)."""
+        verifier's own copies in it are no accepted drafts of the client's). The steps
+        carry no advice (it is the session's as the chunk ends: `advised_draft`)."""
         steps = self.steps
         return steps[-1].model_copy(
             update={
                 "accepted_prefix_len": 0,
+                "advised_draft": advised_draft,
                 "tokens": [t for step in steps for t in step.tokens],
                 # A step's predictions where it committed (a copied step's rows past
                 # its first rejection predict nothing that stands).

@@ -17,6 +17,7 @@ a model's drafts are not), so where copies keep missing they stop. Pure.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ COPY_NGRAM = 12
 # Before a copy is judged: a = 0.9, as weak as a round or two (a long exact repeat goes on
 # more often than not; one that does not shows it at once).
 COPY_PRIOR = Acceptance(accepted=9.0, rejected=1.0)
+TOKEN_BYTES = array("i").itemsize
 # Strategies that judge a draft without the drafter's probabilities.
 COPYABLE = (Strategy.greedy, Strategy.match)
 
@@ -39,12 +41,16 @@ def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
     n = len(tokens)
     if limit <= 0 or ngram <= 0 or n <= ngram:
         return []
-    pattern = list(tokens[n - ngram :])
-    last = pattern[-1]
-    # The occurrence ends at `end` (exclusive), before the pattern itself does.
-    for end in range(n - 1, ngram - 1, -1):
-        if tokens[end - 1] == last and list(tokens[end - ngram : end]) == pattern:
-            return list(tokens[end : end + limit])
+    # Searched as bytes, in C: every step of a chunk searches the session's whole text.
+    # A match must start on a token's boundary; one that does not is skipped.
+    text = array("i", tokens).tobytes()
+    pattern = text[(n - ngram) * TOKEN_BYTES :]
+    end = (n - 1) * TOKEN_BYTES  # an occurrence ends before the pattern itself does
+    while (at := text.rfind(pattern, 0, end)) >= 0:
+        if at % TOKEN_BYTES == 0:
+            start = at // TOKEN_BYTES + ngram
+            return list(tokens[start : start + limit])
+        end = at + len(pattern) - 1
     return []
 
 

@@ -23,7 +23,6 @@ and failed (a chunk with steps done is answered with them): sending it again is 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
@@ -201,9 +200,14 @@ class CycleStep:
 
     def _chunk_answer(self, job: Job) -> VerifyResponse:
         """A chunk's answer, recorded for a replay of the client's request."""
-        answer = job.chunk.answer()
-        with contextlib.suppress(SessionNotFound):  # ended meanwhile: nothing to replay
-            record_answer(self.engine.session(job.session_id, job.owner), job.round_key, answer)
+        try:
+            session = self.engine.session(job.session_id, job.owner)
+        except SessionNotFound:  # ended meanwhile: nothing to replay, nothing to advise
+            return job.chunk.answer(None)
+        engine = self.engine
+        advised = engine.advisor.advise(session.acceptance, engine.max_draft, session.last_draft)
+        answer = job.chunk.answer(advised)
+        record_answer(session, job.round_key, answer)
         return answer
 
     def _begin_all(
@@ -266,7 +270,7 @@ class CycleStep:
                 out.replayed += 1
                 out.answer(job, work)
                 return False
-            job.work, work.copied = work, bool(copy)
+            job.work, work.copied, work.advise = work, bool(copy), job.chunk is None
             if job.masks is not None and job.masks_for == key:
                 work.masks = job.masks.result()  # a grammar that failed: its 400
             return True
@@ -322,14 +326,14 @@ class CycleStep:
             if isinstance(result, VerifyResponse):
                 counted = out.copies if job.work.copied else out.rounds
                 counted.append((len(job.work.draft_tokens), result.accepted_prefix_len))
-                if result.advised_draft is not None:
-                    out.advised.append(result.advised_draft)
                 if job.chunk is not None:
-                    job.chunk.steps.append(result)
+                    job.chunk.add(result)
                     if not job.chunk.done(self.engine.n_ctx):
                         job.work = None  # stays queued: its next step is in the next pass
                         continue
                     result = self._chunk_answer(job)
+                if result.advised_draft is not None:
+                    out.advised.append(result.advised_draft)
                 out.answered_rounds.append((job.owner, job.session_id))
             elif isinstance(result, APIError) and job.chunk is not None and job.chunk.steps:
                 result = self._chunk_answer(job)  # the steps before this one stand

@@ -42,6 +42,7 @@ class VerifyWork:
     closed: bool = False
     masks: np.ndarray | None = None  # the grammar's, computed before the round began
     copied: bool = False  # its draft is the verifier's own copy (copy_draft.py), no client's
+    advise: bool = True  # its answer carries advice (a chunk's steps do not: the chunk's does)
 
     @property
     def tokens(self) -> list[int]:

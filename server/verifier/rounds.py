@@ -72,7 +72,7 @@ def finish_round(
         acceptance = session.acceptance.after(drafted, verdict.accepted_prefix_len)
         copies = session.copies.after(len(work.draft_tokens) - drafted, verdict.accepted_prefix_len)
         last_draft = drafted or session.last_draft
-        advised = advise(acceptance, last_draft) if advise is not None else None
+        advised = advise(acceptance, last_draft) if advise is not None and work.advise else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.
         remove(session.seq_id, work.start + verdict.accepted_prefix_len + 1)

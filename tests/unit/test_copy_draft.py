@@ -33,6 +33,13 @@ def test_a_copy_is_what_followed_the_latest_earlier_occurrence_of_the_last_ngram
         ngram, limit = rng.randint(0, 6), rng.randint(-1, 10)
         assert copy_draft(tokens, ngram, limit) == brute_force_copy(tokens, ngram, limit)
     assert copy_draft([5, 6, 7, 8, 5, 6], 2, 3) == [7, 8, 5]
+    # Ids of several bytes, where a match of the bytes may start inside a token.
+    for _ in range(2000):
+        alphabet = [rng.choice((0, 1, 256, 65536, 65537, 151935)) for _ in range(3)]
+        tokens = [rng.choice(alphabet) for _ in range(rng.randint(0, 60))]
+        ngram, limit = rng.randint(1, 5), rng.randint(1, 10)
+        assert copy_draft(tokens, ngram, limit) == brute_force_copy(tokens, ngram, limit)
+    assert copy_draft([1, 0, 0, 1, 0], 1, 1) == [1]  # bytes 01 00 00 00 00 ...: 00 at 1 skipped
 
 
 def cpu_like(rows: float) -> float:
