@@ -12,13 +12,21 @@ are the verifier's own whatever it copies.
 Whether a copy pays is the verifier's cost model's call (advice.py): a step of d copied
 tokens costs a pass of d + 1 rows and commits E(d) tokens at the session's acceptance of
 copies, counted apart from its client's drafts (a long exact repeat is near certain where
-a model's drafts are not), so where copies keep missing they stop. Pure.
+a model's drafts are not), so where copies keep missing they stop.
+
+A repeat with edits (a file sent back with a name renamed, a paragraph with a word
+changed) breaks a copy at each edit, and the `ngram` tokens after it are new text. There
+the session keeps where its text left the source (`Session.copy_anchor`), and for a few
+tokens a step looks for its last token just past that point in the source and copies on
+from there (`resync_source`): the repeat goes on after the edit at no round trip, judged
+like any copy. Pure but for that anchor, kept on the session.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from server.shared.draft_gain import Acceptance, expected_tokens
@@ -31,16 +39,21 @@ COPY_NGRAM = 12
 # more often than not; one that does not shows it at once).
 COPY_PRIOR = Acceptance(accepted=9.0, rejected=1.0)
 TOKEN_BYTES = array("i").itemsize
+# After a copy breaks off, how far past where it left the source its last token is looked
+# for, beyond the tokens the text has come since (an edit that is shorter than what it
+# replaced).
+RESYNC_SLACK = 4
+RESYNC_SPAN = 32  # tokens after a copy breaks off that a resync is looked for
 # Strategies that judge a draft without the drafter's probabilities.
 COPYABLE = (Strategy.greedy, Strategy.match)
 
 
-def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
-    """Up to `limit` tokens that followed the latest earlier occurrence of the last `ngram`
-    tokens of `tokens`; [] where they occur nowhere earlier."""
+def copy_source(tokens: Sequence[int], ngram: int) -> int | None:
+    """Where what followed the latest earlier occurrence of the last `ngram` tokens of
+    `tokens` starts; None where they occur nowhere earlier."""
     n = len(tokens)
-    if limit <= 0 or ngram <= 0 or n <= ngram:
-        return []
+    if ngram <= 0 or n <= ngram:
+        return None
     # Searched as bytes, in C: every step of a chunk searches the session's whole text.
     # A match must start on a token's boundary; one that does not is skipped.
     text = array("i", tokens).tobytes()
@@ -48,10 +61,35 @@ def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
     end = (n - 1) * TOKEN_BYTES  # an occurrence ends before the pattern itself does
     while (at := text.rfind(pattern, 0, end)) >= 0:
         if at % TOKEN_BYTES == 0:
-            start = at // TOKEN_BYTES + ngram
-            return list(tokens[start : start + limit])
+            return at // TOKEN_BYTES + ngram
         end = at + len(pattern) - 1
-    return []
+    return None
+
+
+def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
+    """Up to `limit` tokens that followed the latest earlier occurrence of the last `ngram`
+    tokens of `tokens`; [] where they occur nowhere earlier."""
+    start = copy_source(tokens, ngram) if limit > 0 else None
+    return [] if start is None else list(tokens[start : start + limit])
+
+
+def resync_source(tokens: Sequence[int], anchor: tuple[int, int] | None, span: int) -> int | None:
+    """Where a copy that broke off goes on: `anchor` is (the source's index where the text
+    left it, the text's position there). Within `span` tokens of that, the first
+    occurrence of the text's last token in the source from the anchor on, at most as far
+    past it as the text has come plus RESYNC_SLACK (an edit of a few tokens in a repeat:
+    a name renamed, a word changed); what follows it there. None elsewhere."""
+    if anchor is None or span <= 0:
+        return None
+    source, position = anchor
+    came = len(tokens) - position  # the text's tokens since it left the source
+    if not 0 < came <= span or source >= position:
+        return None
+    last = tokens[-1]
+    for j in range(source, min(source + came + RESYNC_SLACK, position - 2) + 1):
+        if tokens[j] == last:
+            return j + 1
+    return None
 
 
 def copy_length(
@@ -80,23 +118,59 @@ def copy_length(
     return next(k for k in range(1, copy_len + 1) if values[k] >= (1 - NEAR_BEST) * best)
 
 
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A step's copy: its tokens, and the index in the session's text they come from."""
+
+    tokens: list[int]
+    source: int
+    resync: bool  # where a copy that broke off goes on (`resync_source`)
+
+
 class ChunkCopier:
-    """The copy a chunk's next step drafts: `ngram` 0 never copies."""
+    """The copy a chunk's next step drafts: `ngram` 0 never copies; `resync` 0 never
+    goes on with a copy that broke off."""
 
-    def __init__(self, ngram: int, max_draft: int, n_ctx: int, pass_cost: PassCost):
+    def __init__(
+        self, ngram: int, max_draft: int, n_ctx: int, pass_cost: PassCost, resync: int = 0
+    ):
         self.ngram, self.max_draft, self.n_ctx = ngram, max_draft, n_ctx
-        self.pass_cost = pass_cost
+        self.pass_cost, self.resync = pass_cost, resync
 
-    def for_step(self, session: Any, left: int) -> list[int]:
+    @classmethod
+    def of(cls, settings: Any, n_ctx: int, pass_cost: PassCost) -> ChunkCopier:
+        """As a verifier's settings (server.verifier.settings.VerifierSettings) say."""
+        ngram, resync = settings.chunk_copy_ngram, settings.chunk_copy_resync
+        return cls(ngram, settings.max_draft, n_ctx, pass_cost, resync)
+
+    def for_step(self, session: Any, left: int) -> Copy | None:
         """For a step of `session` (server.verifier.sessions.Session) whose chunk wants
         `left` tokens more, within its context: none under a grammar (its masks are
         computed before the round, for the draft it has) or a strategy that needs a
         drafter's probabilities, and no search where no copy could pay."""
         if not self.ngram or session.constraint is not None or session.strategy not in COPYABLE:
-            return []
+            return None
         limit = min(left - 1, self.max_draft, self.n_ctx - len(session.tokens))
         seconds, sharing = self.pass_cost.seconds(), self.pass_cost.sharing
         if copy_length(limit, session.copies, seconds, sharing) == 0:
-            return []
-        copy = copy_draft(session.tokens, self.ngram, limit)
-        return copy[: copy_length(len(copy), session.copies, seconds, sharing)]
+            return None
+        tokens, resync = session.tokens, False
+        source = copy_source(tokens, self.ngram)
+        if source is None:
+            source = resync_source(tokens, session.copy_anchor, self.resync)
+            resync = True
+        if source is None:
+            return None
+        copy = tokens[source : source + limit]
+        copy = copy[: copy_length(len(copy), session.copies, seconds, sharing)]
+        return Copy(copy, source, resync) if copy else None
+
+    @staticmethod
+    def answered(session: Any, copy: Copy, first: int, accepted: int) -> None:
+        """A copied step answered (`first`: the position of its first copied token):
+        where the text left the source, if it did (a resync that missed at once keeps
+        the anchor it went on from)."""
+        if accepted == len(copy.tokens):
+            session.copy_anchor = None
+        elif accepted or not copy.resync:
+            session.copy_anchor = (copy.source + accepted, first + accepted)

@@ -257,12 +257,12 @@ class CycleStep:
                 out.evicted += job.work.reservation.evicted
                 out.moved += job.work.reservation.moved
                 return True
-            request, key, copy = job.request, job.round_key, []
+            request, key, copy = job.request, job.round_key, None
             if job.chunk is not None:
                 session = self.engine.session(job.session_id, job.owner)
                 copy = self.engine.copier.for_step(session, job.chunk.left)
                 if job.chunk.steps or copy:
-                    request = job.chunk.next_request(copy)
+                    request = job.chunk.next_request(copy.tokens if copy else None)
                     # A first step is still the client's round: its key, for a replay.
                     key = round_key(request) if job.chunk.steps else key
             work = self.engine.begin_verify(request, job.owner, key)
@@ -270,7 +270,7 @@ class CycleStep:
                 out.replayed += 1
                 out.answer(job, work)
                 return False
-            job.work, work.copied, work.advise = work, bool(copy), job.chunk is None
+            job.work, work.copied, work.advise = work, copy, job.chunk is None
             if job.masks is not None and job.masks_for == key:
                 work.masks = job.masks.result()  # a grammar that failed: its 400
             return True
@@ -324,8 +324,12 @@ class CycleStep:
             if result is None:
                 continue  # a prompt with chunks still to go
             if isinstance(result, VerifyResponse):
-                counted = out.copies if job.work.copied else out.rounds
-                counted.append((len(job.work.draft_tokens), result.accepted_prefix_len))
+                work, accepted = job.work, result.accepted_prefix_len
+                (out.copies if work.copied else out.rounds).append(
+                    (len(work.draft_tokens), accepted)
+                )
+                if work.copied:
+                    self.engine.copier.answered(work.session, work.copied, work.start + 1, accepted)
                 if job.chunk is not None:
                     job.chunk.add(result)
                     if not job.chunk.done(self.engine.n_ctx):

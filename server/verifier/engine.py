@@ -114,7 +114,7 @@ class Engine:
         if report.pass_s and not self.shapes.pinned_width:
             prior = self.shapes.pass_cost_rows
         self.pass_cost = PassCost(prior, report.pass_s)
-        self.copier = ChunkCopier(settings.chunk_copy_ngram, max_draft, self.n_ctx, self.pass_cost)
+        self.copier = ChunkCopier.of(settings, self.n_ctx, self.pass_cost)
         self.advisor = Advisor(self.pass_cost)
         self.grammars = verifier_grammars(runtime, settings)
         self.grammar_row_s = settings.grammar_row_ms / 1000.0

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from server.shared.protocol import PrefillResponse
+from server.verifier.copy_draft import Copy
 from server.verifier.prompt_cuts import Tiling
 from server.verifier.sessions import Reservation, Session
 
@@ -41,7 +42,7 @@ class VerifyWork:
     began: float = field(default_factory=time.perf_counter)
     closed: bool = False
     masks: np.ndarray | None = None  # the grammar's, computed before the round began
-    copied: bool = False  # its draft is the verifier's own copy (copy_draft.py), no client's
+    copied: Copy | None = None  # its draft is the verifier's own copy, no client's
     advise: bool = True  # its answer carries advice (a chunk's steps do not: the chunk's does)
 
     @property

@@ -54,6 +54,7 @@ class Session:
     tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     copies: Acceptance = COPY_PRIOR  # of the verifier's own copies in its chunks (copy_draft.py)
+    copy_anchor: tuple[int, int] | None = None  # (source index, position) a copy broke off at
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
     constraint: Any = None  # the grammar's state at the committed tokens (a Constraint)

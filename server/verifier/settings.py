@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
 from server.shared.strict import unknown_variables
-from server.verifier.copy_draft import COPY_NGRAM
+from server.verifier.copy_draft import COPY_NGRAM, RESYNC_SPAN
 
 ENV_PREFIX = "VERIFIER_"
 
@@ -116,6 +116,14 @@ class VerifierSettings(BaseSettings):
         "a step of its chunks (a round asking for several of the verifier's own tokens) drafts "
         "what followed them there, as llama.cpp's ngram-simple does, when the verifier's cost "
         "of a pass says it pays (server/verifier/copy_draft.py); 0 = never",
+    )
+    chunk_copy_resync: int = Field(
+        RESYNC_SPAN,
+        ge=0,
+        le=1024,
+        description="for this many tokens after a chunk's copy broke off (an edit in a repeated "
+        "text: a name renamed), a step looks for its last token just past where the text left "
+        "the source, and copies on from there (server/verifier/copy_draft.py); 0 = never",
     )
     prompt_replies_below_tile: bool = Field(
         True,

@@ -59,3 +59,23 @@ def test_quick_bench_writes_its_table_and_plots(tmp_path):
     assert "On paper" in table
     for png in ("speedup_vs_k.png", "speedup_vs_delay.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_token_time_bench_times_every_path_on_the_same_tokens(tmp_path):
+    """`scripts/bench_token_time.py --quick`: every path of a token timed, and those that
+    return their tokens (in process, the engine, /verify chunks) give the same ones."""
+    out = tmp_path / "token_time.json"
+    completed = subprocess.run(
+        [sys.executable, "scripts/bench_token_time.py", "--quick", "--json", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report) == {"decode, in process", "engine, in process", "/verify chunks", "serve"}
+    assert all(row["median_ms"] > 0 for row in report.values())
+    for path in ("engine, in process", "/verify chunks"):
+        assert report[path]["same_tokens"] is True, path
+    assert "| serve |" in completed.stdout

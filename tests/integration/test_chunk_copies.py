@@ -18,12 +18,18 @@ PASSAGE = (
     "and the pending token whatever the length of the context. "
 )
 PROMPT = f"Copy the text below twice.\n\n{PASSAGE}\n{PASSAGE}\n{PASSAGE[:60]}"
+# The repeat with edits: copies break off at each, and go on after it (a resync).
+EDITED = PASSAGE.replace("cache", "store").replace("pass", "step")
+EDITED_PROMPT = f"Copy the text below, with its edits.\n\n{PASSAGE}\n{EDITED}\n{PASSAGE[:60]}"
 WANTED = 48
 
 
-def test_chunks_over_a_repeated_passage_are_the_verifiers_own_tokens(live_verifier, reference):
+@pytest.mark.parametrize("prompt", [PROMPT, EDITED_PROMPT], ids=["repeat", "edited"])
+def test_chunks_over_a_repeated_passage_are_the_verifiers_own_tokens(
+    live_verifier, reference, prompt
+):
     url = live_verifier.url
-    opened = httpx.post(f"{url}/prefill", json={"prompt": PROMPT}, timeout=300).json()
+    opened = httpx.post(f"{url}/prefill", json={"prompt": prompt}, timeout=300).json()
     before = Metrics.scrape(url)
     got, n_past, eos = [], opened["total_tokens"], False
     while len(got) < WANTED and not eos:

@@ -9,7 +9,15 @@ import random
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import PrefillRequest, Strategy, VerifyRequest
 from server.verifier.checks import round_key
-from server.verifier.copy_draft import COPY_PRIOR, ChunkCopier, copy_draft, copy_length
+from server.verifier.copy_draft import (
+    COPY_PRIOR,
+    RESYNC_SLACK,
+    ChunkCopier,
+    Copy,
+    copy_draft,
+    copy_length,
+    resync_source,
+)
 from server.verifier.cycle import CycleStep, Job
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
@@ -65,24 +73,30 @@ class CpuLikeCost:
 
 
 class Session:
-    def __init__(self, tokens, strategy=Strategy.greedy, constraint=None):
+    def __init__(self, tokens, strategy=Strategy.greedy, constraint=None, copy_anchor=None):
         self.tokens, self.strategy, self.constraint = tokens, strategy, constraint
-        self.copies = COPY_PRIOR
+        self.copies, self.copy_anchor = COPY_PRIOR, copy_anchor
+
+
+def drafted(copier: ChunkCopier, session: Session, left: int) -> list[int]:
+    copy = copier.for_step(session, left)
+    return [] if copy is None else copy.tokens
 
 
 def test_no_copy_under_a_grammar_a_drafters_probabilities_or_with_copies_off():
     tokens = [*range(2, 30), *range(2, 20)]
     copier = ChunkCopier(12, 8, 1000, CpuLikeCost())
-    copy = copier.for_step(Session(tokens), 20)  # as long as the cost model says
+    copy = drafted(copier, Session(tokens), 20)  # as long as the cost model says
     assert len(copy) >= 2 and copy == list(range(20, 20 + len(copy)))
-    assert len(copier.for_step(Session(tokens), 3)) <= 2  # within the chunk's last tokens
-    assert copier.for_step(Session(tokens, constraint=object()), 20) == []
-    assert copier.for_step(Session(tokens, strategy=Strategy.rejection), 20) == []
-    assert copier.for_step(Session(tokens, strategy=Strategy.match), 20) != []
-    assert ChunkCopier(0, 8, 1000, CpuLikeCost()).for_step(Session(tokens), 20) == []
+    assert copier.for_step(Session(tokens), 20).source == 18  # where 20 follows the repeat
+    assert len(drafted(copier, Session(tokens), 3)) <= 2  # within the chunk's last tokens
+    assert drafted(copier, Session(tokens, constraint=object()), 20) == []
+    assert drafted(copier, Session(tokens, strategy=Strategy.rejection), 20) == []
+    assert drafted(copier, Session(tokens, strategy=Strategy.match), 20) != []
+    assert drafted(ChunkCopier(0, 8, 1000, CpuLikeCost()), Session(tokens), 20) == []
     # Never past the context: a round needs a position for each draft token.
-    assert ChunkCopier(12, 8, len(tokens) + 1, CpuLikeCost()).for_step(Session(tokens), 20) == [20]
-    assert ChunkCopier(12, 8, len(tokens), CpuLikeCost()).for_step(Session(tokens), 20) == []
+    assert drafted(ChunkCopier(12, 8, len(tokens) + 1, CpuLikeCost()), Session(tokens), 20) == [20]
+    assert drafted(ChunkCopier(12, 8, len(tokens), CpuLikeCost()), Session(tokens), 20) == []
 
 
 def test_sharing_a_pass_a_copy_must_pay_for_the_others_it_widens():
@@ -162,3 +176,85 @@ def test_a_chunk_over_a_repeat_copies_it_in_fewer_passes_with_the_same_tokens():
     assert copied_steps < plain_steps
     session = next(iter(cycle.engine.sessions._live.values()))
     assert session.copies.rate > COPY_PRIOR.rate  # every copied token accepted
+
+
+def brute_force_resync(tokens: list[int], anchor: tuple[int, int], span: int) -> int | None:
+    source, position = anchor
+    came = len(tokens) - position
+    if not 0 < came <= span or source >= position:
+        return None
+    window = range(source, min(source + came + RESYNC_SLACK, position - 2) + 1)
+    found = [j for j in window if tokens[j] == tokens[-1]]
+    return found[0] + 1 if found else None
+
+
+def test_a_resync_goes_on_just_past_where_the_text_left_the_source():
+    rng = random.Random(5)
+    for _ in range(3000):
+        tokens = [rng.randrange(6) for _ in range(rng.randint(2, 50))]
+        anchor = (rng.randint(0, len(tokens)), rng.randint(0, len(tokens)))
+        span = rng.randint(0, 12)
+        assert resync_source(tokens, anchor, span) == brute_force_resync(tokens, anchor, span)
+    # "def foo(x): return foo(x)" sent back with foo renamed: after "solve" replaced
+    # "foo" (a copy broke off at source index 1, position 9) comes "(", found at 2.
+    source = [10, 11, 12, 13, 14, 15, 11, 12, 13]  # def foo ( x ) return foo ( x
+    text = [*source, 10, 99, 12]  # def solve (
+    assert resync_source(text, (1, 10), 32) == 3  # goes on with "x" ...
+    assert resync_source(text, None, 32) is None and resync_source(text, (1, 10), 0) is None
+    assert resync_source([*text, *range(40, 80)], (1, 10), 32) is None  # too long ago
+
+
+def test_a_copy_that_breaks_off_leaves_its_anchor_and_a_resync_that_misses_keeps_it():
+    session = Session([])
+    ChunkCopier.answered(session, Copy([5, 6, 7, 8], 20, False), first=50, accepted=2)
+    assert session.copy_anchor == (22, 52)  # the source's third token, the text's 52nd
+    ChunkCopier.answered(session, Copy([9, 9], 31, True), first=60, accepted=0)
+    assert session.copy_anchor == (22, 52)  # a guess that missed at once: as it was
+    ChunkCopier.answered(session, Copy([9, 9], 31, True), first=60, accepted=1)
+    assert session.copy_anchor == (32, 61)
+    ChunkCopier.answered(session, Copy([9, 9], 40, False), first=70, accepted=2)
+    assert session.copy_anchor is None  # all of it accepted: the text follows the source
+
+
+def chunk_over_an_edited_repeat(resync: int) -> tuple[list[int], int]:
+    """A passage, then the passage again with one token changed near its start: the
+    verifier's steps over the rest of the repeat."""
+    runtime = EditedRepeatRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
+    engine = make_engine(runtime, max_draft=8, chunk_copy_resync=resync)
+    engine.copier.pass_cost = CpuLikeCost()
+    cycle = CycleStep(engine)
+    prompt = [*PASSAGE, *PASSAGE[:14]]  # the repeat has begun: 14 tokens of it so far
+    job = Job("a", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
+    while not (answers := dict(cycle.step([job]).answers)):
+        pass
+    chunk, steps = chunk_job(answers[job], 14), 0
+    while not (answers := dict(cycle.step([chunk]).answers)):
+        steps += 1
+    answer = answers[chunk]
+    assert answer.tokens == runtime.reference_greedy(prompt, 14)
+    check_engine(engine)
+    return answer.tokens, steps + 1
+
+
+PASSAGE = random.Random(9).sample(range(2, 60), 30)
+EDIT_AT = 16  # the passage's 16th token comes out as RENAMED the second time
+RENAMED = 61
+
+
+class EditedRepeatRuntime(FakeRuntime):
+    """After PASSAGE, writes it again, but RENAMED where it had its 16th token."""
+
+    def logits_after(self, prefix, kernels=()):
+        row = super().logits_after(prefix, kernels)
+        i = len(prefix) - len(PASSAGE)
+        if 0 <= i < len(PASSAGE) and list(prefix[: len(PASSAGE)]) == PASSAGE:
+            row[RENAMED if i == EDIT_AT else PASSAGE[i]] += 100.0
+        return row
+
+
+def test_a_copy_goes_on_after_an_edit_in_the_repeat_with_the_same_tokens():
+    resynced, resynced_steps = chunk_over_an_edited_repeat(32)
+    plain, plain_steps = chunk_over_an_edited_repeat(0)
+    assert resynced == plain == [*PASSAGE[14:EDIT_AT], RENAMED, *PASSAGE[EDIT_AT + 1 : 28]]
+    # Without a resync no copy is made until 12 tokens after the edit: none in this chunk.
+    assert resynced_steps < plain_steps
