@@ -19,6 +19,10 @@ it adds to the row before it:
 - llama-server: llama.cpp's server on the same core, `/completion` (its prompt cache
   on): its own time a token, and its wall time a token.
 
+A request to the verifier goes once its idle work (a cached prefix evaluated again in
+tiles) has stopped: it would share the core. The last column says whether a path's tokens
+were the in-process decode's (where the path returns its tokens).
+
     .venv/bin/python scripts/bench_token_time.py --llama-server build/llama-server/bin/llama-server
 """
 
@@ -44,6 +48,7 @@ from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
 
 QUESTION = "Write a long story about a lighthouse keeper and a storm."
 CHUNK = 64  # tokens a /verify chunk asks for (the most a round may ask for)
+RETILED_METRIC = "verifier_prompt_tokens_retiled_total"
 
 
 def chat_prompt(model: Path) -> tuple[str, bool]:
@@ -136,6 +141,20 @@ def verify_chunks(url: str, prompt: str, add_bos: bool, tokens: int) -> tuple[fl
     return seconds * 1000.0 / len(got), got
 
 
+def settled(verifier_url: str, quiet_s: float = 1.5, at_most_s: float = 60.0) -> None:
+    """Waits until the verifier's idle work (a cached prefix evaluated again in tiles, after
+    a quiet moment) has stood still `quiet_s`: it shares the model's core with the next
+    request."""
+    began = last_change = time.monotonic()
+    last = None
+    while time.monotonic() - last_change < quiet_s and time.monotonic() - began < at_most_s:
+        text = httpx.get(f"{verifier_url}/metrics", timeout=30).text
+        done = [ln for ln in text.splitlines() if ln.startswith(RETILED_METRIC)]
+        if done != last:
+            last, last_change = done, time.monotonic()
+        time.sleep(0.1)
+
+
 def serve_chat(url: str, tokens: int) -> float:
     """ms a token of a chat completion through serve, wall time."""
     body = {
@@ -215,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.tokens, args.repeats = 16, 1
+    if args.tokens < 2 or args.repeats < 1:
+        parser.error(
+            "--tokens must be at least 2 (a token is timed after the first) and --repeats 1"
+        )
     if args.child:
         print(json.dumps(in_process(args.model, args.tokens, args.repeats)))
         return
@@ -234,16 +257,20 @@ def main(argv: list[str] | None = None) -> None:
 
     env = {"VERIFIER_MODEL_PATH": str(args.model), "VERIFIER_N_THREADS": "1"}
     with LocalVerifier(env, command_prefix=model_core) as verifier:
-        chunks = [
-            verify_chunks(verifier.url, prompt, add_bos, args.tokens) for _ in range(args.repeats)
-        ]
+        chunks = []
+        for _ in range(args.repeats):
+            settled(verifier.url)
+            chunks.append(verify_chunks(verifier.url, prompt, add_bos, args.tokens))
         rows["/verify chunks"], texts["/verify chunks"] = [ms for ms, _ in chunks], chunks[-1][1]
         serve = LocalServe(
             verifier.url, "--model", str(args.drafter_model), command_prefix=other_core, timeout=300
         )
         try:
             serve_chat(serve.url, 8)  # loads the draft model
-            rows["serve"] = [serve_chat(serve.url, args.tokens) for _ in range(args.repeats)]
+            rows["serve"] = []
+            for _ in range(args.repeats):
+                settled(verifier.url)
+                rows["serve"].append(serve_chat(serve.url, args.tokens))
         finally:
             serve.stop()
     if args.llama_server:

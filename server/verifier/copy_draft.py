@@ -17,9 +17,9 @@ a model's drafts are not), so where copies keep missing they stop.
 A repeat with edits (a file sent back with a name renamed, a paragraph with a word
 changed) breaks a copy at each edit, and the `ngram` tokens after it are new text. There
 the session keeps where its text left the source (`Session.copy_anchor`), and for a few
-tokens a step looks for its last token just past that point in the source and copies on
-from there (`resync_source`): the repeat goes on after the edit at no round trip, judged
-like any copy. Pure but for that anchor, kept on the session.
+tokens a step looks for its last two tokens just past that point in the source and
+copies on from there (`resync_source`): the repeat goes on after the edit at no round
+trip, judged like any copy. Pure but for that anchor, kept on the session.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ COPY_NGRAM = 12
 # more often than not; one that does not shows it at once).
 COPY_PRIOR = Acceptance(accepted=9.0, rejected=1.0)
 TOKEN_BYTES = array("i").itemsize
-# After a copy breaks off, how far past where it left the source its last token is looked
+# After a copy breaks off, how far past where it left the source its last tokens are looked
 # for, beyond the tokens the text has come since (an edit that is shorter than what it
 # replaced).
 RESYNC_SLACK = 4
 RESYNC_SPAN = 32  # tokens after a copy breaks off that a resync is looked for
+# Tokens of the text a resync must find in the source: one alone is found by chance.
+RESYNC_MATCH = 2
 # Strategies that judge a draft without the drafter's probabilities.
 COPYABLE = (Strategy.greedy, Strategy.match)
 
@@ -74,21 +76,24 @@ def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
 
 
 def resync_source(tokens: Sequence[int], anchor: tuple[int, int] | None, span: int) -> int | None:
-    """Where a copy that broke off goes on: `anchor` is (the source's index where the text
-    left it, the text's position there). Within `span` tokens of that, the first
-    occurrence of the text's last token in the source from the anchor on, at most as far
-    past it as the text has come plus RESYNC_SLACK (an edit of a few tokens in a repeat:
-    a name renamed, a word changed); what follows it there. None elsewhere."""
+    """Where a copy goes on after an edit: `anchor` is (an index in the source, the text's
+    position that stood for it: where the text left the source, or where a copy ended).
+    Within `span` tokens of that position, the first occurrence of the text's last
+    RESYNC_MATCH tokens in the source around the anchor, at most as far past it as the
+    text has come plus RESYNC_SLACK (an edit of a few tokens: a name renamed, a word
+    changed), in the text before that position; what follows it there. None elsewhere."""
     if anchor is None or span <= 0:
         return None
     source, position = anchor
-    came = len(tokens) - position  # the text's tokens since it left the source
-    if not 0 < came <= span or source >= position:
+    came = len(tokens) - position  # the text's tokens since
+    if not 0 < came <= span or source >= position or len(tokens) < RESYNC_MATCH:
         return None
-    last = tokens[-1]
-    for j in range(source, min(source + came + RESYNC_SLACK, position - 2) + 1):
-        if tokens[j] == last:
-            return j + 1
+    tail = list(tokens[-RESYNC_MATCH:])
+    first = max(source - RESYNC_MATCH + 1, 0)
+    last = min(source + came + RESYNC_SLACK, position - 1 - RESYNC_MATCH)
+    for j in range(first, last + 1):
+        if list(tokens[j : j + RESYNC_MATCH]) == tail:
+            return j + RESYNC_MATCH
     return None
 
 
@@ -167,10 +172,10 @@ class ChunkCopier:
 
     @staticmethod
     def answered(session: Any, copy: Copy, first: int, accepted: int) -> None:
-        """A copied step answered (`first`: the position of its first copied token):
-        where the text left the source, if it did (a resync that missed at once keeps
-        the anchor it went on from)."""
-        if accepted == len(copy.tokens):
+        """A copied step answered (`first`: the position of its first copied token): the
+        anchor a resync starts from is where the copy ended, or where the text left it;
+        none after a resync that missed at once (it was a wrong guess)."""
+        if copy.resync and not accepted:
             session.copy_anchor = None
-        elif accepted or not copy.resync:
+        else:
             session.copy_anchor = (copy.source + accepted, first + accepted)

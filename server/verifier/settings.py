@@ -122,7 +122,7 @@ class VerifierSettings(BaseSettings):
         ge=0,
         le=1024,
         description="for this many tokens after a chunk's copy broke off (an edit in a repeated "
-        "text: a name renamed), a step looks for its last token just past where the text left "
+        "text: a name renamed), a step looks for its last two tokens just past where the text left "
         "the source, and copies on from there (server/verifier/copy_draft.py); 0 = never",
     )
     prompt_replies_below_tile: bool = Field(

@@ -136,12 +136,13 @@ def test_a_chunks_answer_is_advised_from_the_sessions_last_drafted_round(monkeyp
     leave that draft as it was, so a probe after chunks is advised what drafting earned.
     A chunk is advised once, as it ends (its steps are not: nobody reads their advice)."""
     _, engine, scheduler = build()
-    last_drafts = []
+    last_drafts, advised = [], []
     advise = engine.advisor.advise
 
     def recording(acceptance, max_draft, last_draft=0):
         last_drafts.append(last_draft)
-        return advise(acceptance, max_draft, last_draft)
+        advised.append(advise(acceptance, max_draft, last_draft))
+        return advised[-1]
 
     monkeypatch.setattr(engine.advisor, "advise", recording)
     service = VerifierService(scheduler)
@@ -150,7 +151,11 @@ def test_a_chunks_answer_is_advised_from_the_sessions_last_drafted_round(monkeyp
         session = await open_session(scheduler, "drafts, then a chunk")
         (drafted,) = await drive(scheduler, scheduler.verify(verify_request(session, [5, 6, 7])))
         session["n_past"] = drafted.total_tokens
-        await drive(scheduler, service.verify(chunk_request(session, 3), "anonymous"))
+        request = chunk_request(session, 3)
+        (answer,) = await drive(scheduler, service.verify(request, "anonymous"))
+        assert answer.advised_draft == advised[-1] is not None  # the chunk's one advice
+        (replayed,) = await drive(scheduler, service.verify(request, "anonymous"))
+        assert replayed == answer  # a replay gets it too, advising nothing again
 
     try:
         run(scenario())

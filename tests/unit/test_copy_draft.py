@@ -47,7 +47,8 @@ def test_a_copy_is_what_followed_the_latest_earlier_occurrence_of_the_last_ngram
         tokens = [rng.choice(alphabet) for _ in range(rng.randint(0, 60))]
         ngram, limit = rng.randint(1, 5), rng.randint(1, 10)
         assert copy_draft(tokens, ngram, limit) == brute_force_copy(tokens, ngram, limit)
-    assert copy_draft([1, 0, 0, 1, 0], 1, 1) == [1]  # bytes 01 00 00 00 00 ...: 00 at 1 skipped
+    # The latest match of the bytes starts inside 256 (byte 10): skipped, as not a token.
+    assert copy_draft([0, 9, 256, 65536, 0], 1, 1) == [9]
 
 
 def cpu_like(rows: float) -> float:
@@ -179,41 +180,49 @@ def test_a_chunk_over_a_repeat_copies_it_in_fewer_passes_with_the_same_tokens():
 
 
 def brute_force_resync(tokens: list[int], anchor: tuple[int, int], span: int) -> int | None:
+    """Every occurrence of the text's last two tokens, kept where it starts near the anchor
+    and ends before the anchor's position; the continuation of the first one."""
     source, position = anchor
     came = len(tokens) - position
-    if not 0 < came <= span or source >= position:
+    if not 0 < came <= span or source >= position or len(tokens) < 2:
         return None
-    window = range(source, min(source + came + RESYNC_SLACK, position - 2) + 1)
-    found = [j for j in window if tokens[j] == tokens[-1]]
-    return found[0] + 1 if found else None
+    ends = [
+        j + 2
+        for j in range(len(tokens) - 1)
+        if tokens[j : j + 2] == tokens[-2:]
+        and source - 1 <= j <= source + came + RESYNC_SLACK
+        and j + 2 <= position - 1
+    ]
+    return min(ends, default=None)
 
 
 def test_a_resync_goes_on_just_past_where_the_text_left_the_source():
     rng = random.Random(5)
     for _ in range(3000):
-        tokens = [rng.randrange(6) for _ in range(rng.randint(2, 50))]
+        tokens = [rng.randrange(4) for _ in range(rng.randint(0, 50))]
         anchor = (rng.randint(0, len(tokens)), rng.randint(0, len(tokens)))
         span = rng.randint(0, 12)
         assert resync_source(tokens, anchor, span) == brute_force_resync(tokens, anchor, span)
-    # "def foo(x): return foo(x)" sent back with foo renamed: after "solve" replaced
-    # "foo" (a copy broke off at source index 1, position 9) comes "(", found at 2.
+    # "def foo(x): return foo(x)" sent back with foo renamed: the copy broke off at the
+    # source's "foo" (index 1), where the text wrote "solve" (position 10).
     source = [10, 11, 12, 13, 14, 15, 11, 12, 13]  # def foo ( x ) return foo ( x
-    text = [*source, 10, 99, 12]  # def solve (
-    assert resync_source(text, (1, 10), 32) == 3  # goes on with "x" ...
+    assert resync_source([*source, 10, 99, 12], (1, 10), 32) is None  # "solve (": not there
+    text = [*source, 10, 99, 12, 13]  # def solve ( x
+    assert resync_source(text, (1, 10), 32) == 4  # "( x" found: goes on with ")"
     assert resync_source(text, None, 32) is None and resync_source(text, (1, 10), 0) is None
     assert resync_source([*text, *range(40, 80)], (1, 10), 32) is None  # too long ago
 
 
-def test_a_copy_that_breaks_off_leaves_its_anchor_and_a_resync_that_misses_keeps_it():
+def test_a_copy_leaves_its_anchor_where_it_ends_and_a_resync_that_misses_drops_it():
     session = Session([])
     ChunkCopier.answered(session, Copy([5, 6, 7, 8], 20, False), first=50, accepted=2)
     assert session.copy_anchor == (22, 52)  # the source's third token, the text's 52nd
-    ChunkCopier.answered(session, Copy([9, 9], 31, True), first=60, accepted=0)
-    assert session.copy_anchor == (22, 52)  # a guess that missed at once: as it was
     ChunkCopier.answered(session, Copy([9, 9], 31, True), first=60, accepted=1)
     assert session.copy_anchor == (32, 61)
-    ChunkCopier.answered(session, Copy([9, 9], 40, False), first=70, accepted=2)
-    assert session.copy_anchor is None  # all of it accepted: the text follows the source
+    ChunkCopier.answered(session, Copy([9, 9], 40, True), first=70, accepted=2)
+    assert session.copy_anchor == (42, 72)  # all of it: the next resync goes on from its end
+    ChunkCopier.answered(session, Copy([9, 9], 31, True), first=80, accepted=0)
+    assert session.copy_anchor is None  # a guess that missed at once
 
 
 def chunk_over_an_edited_repeat(resync: int) -> tuple[list[int], int]:
@@ -256,5 +265,10 @@ def test_a_copy_goes_on_after_an_edit_in_the_repeat_with_the_same_tokens():
     resynced, resynced_steps = chunk_over_an_edited_repeat(32)
     plain, plain_steps = chunk_over_an_edited_repeat(0)
     assert resynced == plain == [*PASSAGE[14:EDIT_AT], RENAMED, *PASSAGE[EDIT_AT + 1 : 28]]
-    # Without a resync no copy is made until 12 tokens after the edit: none in this chunk.
-    assert resynced_steps < plain_steps
+    # The edit is the chunk's third token: the first step copies 4 (as many as the cost
+    # model takes) and keeps 2, then the edit. Without a resync the other 11 come one a
+    # step (no 12 tokens match again in this chunk); with one, the two plain steps after
+    # the edit (the text's last two tokens hold the edit until then), then copies go on:
+    # 3 steps for the last 9.
+    assert plain_steps == 1 + 11
+    assert resynced_steps == 1 + 2 + 3
