@@ -4,8 +4,8 @@ table, not a test.
 
 One chat prompt, greedy, the same tokens on every path, the model on one core with one
 thread (`taskset`, where there are two cores). Each row is a path a token can take, from
-the floor up, in milliseconds a generated token (the median over the repeats), and what
-it adds to the row before it:
+the floor up, in milliseconds a generated token (the median over the repeats, each of
+which starts every process afresh), and what it adds to the row before it:
 
 - decode, in process: llama-cpp-python's llama_decode of one row a token and the argmax
   (server/shared/runtime.py): llama.cpp's own speed as the verifier calls it.
@@ -15,7 +15,7 @@ it adds to the row before it:
   (the prompt's prefill not counted): what the server, its scheduler and the link add.
 - serve: a chat completion through `draft_token_generator serve`, its default settings,
   unwatched (the drafter on the other core): what the drafter's side adds, the prompt's
-  turn included (cached after the first repeat).
+  turn included (cached by a short request before).
 - llama-server: llama.cpp's server on the same core, `/completion` (its prompt cache
   on): its own time a token, and its wall time a token.
 
@@ -250,38 +250,39 @@ def main(argv: list[str] | None = None) -> None:
     texts: dict[str, list[int]] = {}  # each path's tokens (its last repeat's)
 
     child = [sys.executable, __file__, "--child", "--model", str(args.model)]
-    child += ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
-    done = subprocess.run([*model_core, *child], capture_output=True, text=True, check=True)
-    for name, row in json.loads(done.stdout.strip().splitlines()[-1]).items():
-        rows[f"{name}, in process"], texts[f"{name}, in process"] = row["ms"], row["tokens"]
-
+    child += ["--tokens", str(args.tokens), "--repeats", "1"]
     env = {"VERIFIER_MODEL_PATH": str(args.model), "VERIFIER_N_THREADS": "1"}
-    with LocalVerifier(env, command_prefix=model_core) as verifier:
-        chunks = []
-        for _ in range(args.repeats):
+    # Every repeat starts every process afresh, and goes through every path in turn: the
+    # same path runs some percent faster or slower from one process to the next, and the
+    # machine's speed drifts, so both fall on all paths alike.
+    for repeat in range(args.repeats):
+        print(f"repeat {repeat + 1}/{args.repeats}", file=sys.stderr)
+        done = subprocess.run([*model_core, *child], capture_output=True, text=True, check=True)
+        for name, row in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            rows.setdefault(f"{name}, in process", []).extend(row["ms"])
+            texts[f"{name}, in process"] = row["tokens"]
+        with LocalVerifier(env, command_prefix=model_core) as verifier:
             settled(verifier.url)
-            chunks.append(verify_chunks(verifier.url, prompt, add_bos, args.tokens))
-        rows["/verify chunks"], texts["/verify chunks"] = [ms for ms, _ in chunks], chunks[-1][1]
-        serve = LocalServe(
-            verifier.url, "--model", str(args.drafter_model), command_prefix=other_core, timeout=300
-        )
-        try:
-            serve_chat(serve.url, 8)  # loads the draft model
-            rows["serve"] = []
-            for _ in range(args.repeats):
+            ms, texts["/verify chunks"] = verify_chunks(verifier.url, prompt, add_bos, args.tokens)
+            rows.setdefault("/verify chunks", []).append(ms)
+            serve = LocalServe(
+                verifier.url, "--model", str(args.drafter_model), command_prefix=other_core
+            )
+            try:
+                serve_chat(serve.url, 8)  # loads the draft model
                 settled(verifier.url)
-                rows["serve"].append(serve_chat(serve.url, args.tokens))
-        finally:
-            serve.stop()
-    if args.llama_server:
-        server = LlamaServer(args.llama_server, args.model, model_core)
-        try:
-            figures = [server.completion(prompt, args.tokens) for _ in range(args.repeats)]
-        finally:
-            server.stop()
-        rows["llama-server, its own time"] = [own for own, _, _ in figures]
-        rows["llama-server, wall"] = [wall for _, wall, _ in figures]
-        texts["llama-server, wall"] = figures[-1][2]
+                rows.setdefault("serve", []).append(serve_chat(serve.url, args.tokens))
+            finally:
+                serve.stop()
+        if args.llama_server:
+            server = LlamaServer(args.llama_server, args.model, model_core)
+            try:
+                server.completion(prompt, 8)  # its prompt cached, as the others' is
+                own, wall, texts["llama-server, wall"] = server.completion(prompt, args.tokens)
+            finally:
+                server.stop()
+            rows.setdefault("llama-server, its own time", []).append(own)
+            rows.setdefault("llama-server, wall", []).append(wall)
 
     floor = statistics.median(rows["decode, in process"])
     reference = texts["decode, in process"]

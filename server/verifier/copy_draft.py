@@ -19,7 +19,8 @@ changed) breaks a copy at each edit, and the `ngram` tokens after it are new tex
 the session keeps where its text left the source (`Session.copy_anchor`), and for a few
 tokens a step looks for its last two tokens just past that point in the source and
 copies on from there (`resync_source`): the repeat goes on after the edit at no round
-trip, judged like any copy. Pure but for that anchor, kept on the session.
+trip, priced at its own acceptance (a guess after an edit goes on less surely than a
+long exact repeat). Pure but for that anchor, kept on the session.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ RESYNC_SLACK = 4
 RESYNC_SPAN = 32  # tokens after a copy breaks off that a resync is looked for
 # Tokens of the text a resync must find in the source: one alone is found by chance.
 RESYNC_MATCH = 2
+# Before a resync is judged: a = 0.75, as weak as a round. Its acceptance is its own
+# (`Session.resyncs`): a guess after an edit goes on less surely than a 12-token repeat.
+RESYNC_PRIOR = Acceptance(accepted=3.0, rejected=1.0)
 # Strategies that judge a draft without the drafter's probabilities.
 COPYABLE = (Strategy.greedy, Strategy.match)
 
@@ -159,15 +163,15 @@ class ChunkCopier:
         seconds, sharing = self.pass_cost.seconds(), self.pass_cost.sharing
         if copy_length(limit, session.copies, seconds, sharing) == 0:
             return None
-        tokens, resync = session.tokens, False
+        tokens, acceptance, resync = session.tokens, session.copies, False
         source = copy_source(tokens, self.ngram)
         if source is None:
             source = resync_source(tokens, session.copy_anchor, self.resync)
-            resync = True
+            acceptance, resync = session.resyncs, True
         if source is None:
             return None
         copy = tokens[source : source + limit]
-        copy = copy[: copy_length(len(copy), session.copies, seconds, sharing)]
+        copy = copy[: copy_length(len(copy), acceptance, seconds, sharing)]
         return Copy(copy, source, resync) if copy else None
 
     @staticmethod

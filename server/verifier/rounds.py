@@ -70,7 +70,10 @@ def finish_round(
         # A copy's outcome is the copies' own: the advice judges the client's drafts.
         drafted = 0 if work.copied else len(work.draft_tokens)
         acceptance = session.acceptance.after(drafted, verdict.accepted_prefix_len)
-        copies = session.copies.after(len(work.draft_tokens) - drafted, verdict.accepted_prefix_len)
+        copied = len(work.draft_tokens) - drafted
+        resync = work.copied is not None and work.copied.resync  # judged apart (copy_draft.py)
+        copies = session.copies.after(0 if resync else copied, verdict.accepted_prefix_len)
+        resyncs = session.resyncs.after(copied if resync else 0, verdict.accepted_prefix_len)
         last_draft = drafted or session.last_draft
         advised = advise(acceptance, last_draft) if advise is not None and work.advise else None
         # Keep the pending token and the accepted drafts; the target's own token
@@ -103,7 +106,7 @@ def finish_round(
         raise
     session.tokens.extend(verdict.tokens)
     session.decoded_tokens += len(work.tokens)
-    session.acceptance, session.copies = acceptance, copies
+    session.acceptance, session.copies, session.resyncs = acceptance, copies, resyncs
     session.last_draft = last_draft
     session.last_used = time.monotonic()
     session.last_round_key, session.last_response = work.round_key, response

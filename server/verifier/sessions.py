@@ -23,7 +23,7 @@ from typing import Any
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
 from server.shared.sampling import PositionDraws
-from server.verifier.copy_draft import COPY_PRIOR
+from server.verifier.copy_draft import COPY_PRIOR, RESYNC_PRIOR
 from server.verifier.errors import ServerFull, SessionBusy, SessionExists, SessionNotFound
 from server.verifier.eviction import Eviction
 from server.verifier.packing import Packing
@@ -55,6 +55,7 @@ class Session:
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its drafts, so far
     copies: Acceptance = COPY_PRIOR  # of the verifier's own copies in its chunks (copy_draft.py)
     copy_anchor: tuple[int, int] | None = None  # (source index, position) a copy broke off at
+    resyncs: Acceptance = RESYNC_PRIOR  # of its copies that went on after an edit
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
     constraint: Any = None  # the grammar's state at the committed tokens (a Constraint)

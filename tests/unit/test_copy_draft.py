@@ -11,6 +11,7 @@ from server.shared.protocol import PrefillRequest, Strategy, VerifyRequest
 from server.verifier.checks import round_key
 from server.verifier.copy_draft import (
     COPY_PRIOR,
+    RESYNC_PRIOR,
     RESYNC_SLACK,
     ChunkCopier,
     Copy,
@@ -76,7 +77,7 @@ class CpuLikeCost:
 class Session:
     def __init__(self, tokens, strategy=Strategy.greedy, constraint=None, copy_anchor=None):
         self.tokens, self.strategy, self.constraint = tokens, strategy, constraint
-        self.copies, self.copy_anchor = COPY_PRIOR, copy_anchor
+        self.copies, self.copy_anchor, self.resyncs = COPY_PRIOR, copy_anchor, RESYNC_PRIOR
 
 
 def drafted(copier: ChunkCopier, session: Session, left: int) -> list[int]:
@@ -225,9 +226,10 @@ def test_a_copy_leaves_its_anchor_where_it_ends_and_a_resync_that_misses_drops_i
     assert session.copy_anchor is None  # a guess that missed at once
 
 
-def chunk_over_an_edited_repeat(resync: int) -> tuple[list[int], int]:
+def chunk_over_an_edited_repeat(resync: int) -> tuple[list[int], int, bool]:
     """A passage, then the passage again with one token changed near its start: the
-    verifier's steps over the rest of the repeat."""
+    verifier's tokens and steps over the rest of the repeat, and whether any resync was
+    judged (its acceptance counted apart from the copies')."""
     runtime = EditedRepeatRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
     engine = make_engine(runtime, max_draft=8, chunk_copy_resync=resync)
     engine.copier.pass_cost = CpuLikeCost()
@@ -242,7 +244,9 @@ def chunk_over_an_edited_repeat(resync: int) -> tuple[list[int], int]:
     answer = answers[chunk]
     assert answer.tokens == runtime.reference_greedy(prompt, 14)
     check_engine(engine)
-    return answer.tokens, steps + 1
+    session = engine.session(chunk.session_id, "a")
+    assert session.acceptance == Acceptance()  # no client's drafts
+    return answer.tokens, steps + 1, session.resyncs != RESYNC_PRIOR
 
 
 PASSAGE = random.Random(9).sample(range(2, 60), 30)
@@ -262,8 +266,8 @@ class EditedRepeatRuntime(FakeRuntime):
 
 
 def test_a_copy_goes_on_after_an_edit_in_the_repeat_with_the_same_tokens():
-    resynced, resynced_steps = chunk_over_an_edited_repeat(32)
-    plain, plain_steps = chunk_over_an_edited_repeat(0)
+    resynced, resynced_steps, resyncs_judged = chunk_over_an_edited_repeat(32)
+    plain, plain_steps, none_judged = chunk_over_an_edited_repeat(0)
     assert resynced == plain == [*PASSAGE[14:EDIT_AT], RENAMED, *PASSAGE[EDIT_AT + 1 : 28]]
     # The edit is the chunk's third token: the first step copies 4 (as many as the cost
     # model takes) and keeps 2, then the edit. Without a resync the other 11 come one a
@@ -272,3 +276,4 @@ def test_a_copy_goes_on_after_an_edit_in_the_repeat_with_the_same_tokens():
     # 3 steps for the last 9.
     assert plain_steps == 1 + 11
     assert resynced_steps == 1 + 2 + 3
+    assert resyncs_judged and not none_judged  # resyncs counted apart, where there were any
