@@ -70,7 +70,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.harness.cli import HelpFormatter, first_paragraph  # noqa: E402
-from scripts.harness.local import LocalServe, LocalVerifier, free_port, stop_process  # noqa: E402
+from scripts.harness.local import (  # noqa: E402
+    LocalServe,
+    LocalVerifier,
+    free_port,
+    stop_process,
+    wait_healthy,
+)
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
 
 QUESTIONS = REPO_ROOT / "scripts" / "data" / "spec_bench" / "spec_bench_dev.jsonl"
@@ -368,19 +374,11 @@ class LlamaServer:
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(timeout=1800)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"llama-server exited: {' '.join(command)}")
-            try:
-                if self.client.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("llama-server did not become ready in 300 s")
+        try:
+            wait_healthy(self.url, self.process, f"llama-server ({' '.join(command)})")
+        except RuntimeError:
+            self.stop()
+            raise
 
     def idle_work_done(self) -> str:
         """Nothing runs here between requests."""

@@ -43,7 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from scripts.harness.cli import HelpFormatter, first_paragraph
-from scripts.harness.local import LocalServe, LocalVerifier, free_port, stop_process
+from scripts.harness.local import (
+    LocalServe,
+    LocalVerifier,
+    free_port,
+    stop_process,
+    wait_healthy,
+)
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL
 
 QUESTION = "Write a long story about a lighthouse keeper and a storm."
@@ -180,18 +186,11 @@ class LlamaServer:
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {' '.join(command)}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("llama-server did not become ready in 300 s")
+        try:
+            wait_healthy(self.url, self.process, f"llama-server ({' '.join(command)})")
+        except RuntimeError:
+            self.stop()
+            raise
 
     def completion(self, prompt: str, tokens: int) -> tuple[float, float, list[int]]:
         """(its own ms a token, wall ms a token after its prompt, the tokens)."""

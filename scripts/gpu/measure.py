@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from scripts.harness.load import PROMPTS, REPLAY_MISS, references, run_drafters
-from scripts.harness.local import LocalVerifier, free_port, stop_process
+from scripts.harness.local import LocalVerifier, free_port, stop_process, wait_healthy
 
 
 class Report:
@@ -279,16 +279,7 @@ def peer(report: Report, model: Path, args) -> None:
         )  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                if process.poll() is not None:
-                    raise RuntimeError(f"llama-server ended at start ({process.returncode})")
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+            wait_healthy(url, process, "llama-server")
             prompts = prompts_for(parallel)
 
             one = functools.partial(_completion, url, args.alone_tokens)

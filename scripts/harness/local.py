@@ -31,6 +31,26 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait()
 
 
+def wait_healthy(url: str, process: subprocess.Popen, what: str, timeout: float = 300.0) -> None:
+    """Until `url`/health answers 200 (another server's: llama.cpp's); a RuntimeError
+    naming `what` if `process` ends first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} ended at start ({process.returncode})")
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=2)
+        try:
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not become ready in {timeout:.0f} s")
+
+
 class LocalVerifier:
     def __init__(
         self,
