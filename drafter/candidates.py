@@ -22,11 +22,12 @@ class Draft(NamedTuple):
     tokens: list[int]
     probs: Sequence[np.ndarray] | None  # q per position (dense), when drafts were sampled
     reused: int = 0  # leading tokens drafted while the previous round was in flight
+    lookup: bool = False  # a lookup's (a copy of earlier text), not a draft model's
 
     def first(self, k: int) -> Draft:
         """Its first `k` tokens: a draft made ahead, for a round whose k changed since."""
         probs = None if self.probs is None else self.probs[:k]
-        return Draft(self.tokens[:k], probs, min(k, self.reused))
+        return Draft(self.tokens[:k], probs, min(k, self.reused), self.lookup)
 
 
 class Drafter:

@@ -97,24 +97,22 @@ class SpeculativeLoop:
         vocab: str = "same",
         clock: Callable[[], float] = time.perf_counter,
         lookups: LookupGate | None = None,
+        mark_lookups: bool = False,
     ):
         """`pipeline`: draft while rounds are out, for up to `branches` likely answers
         (1: only every token accepted and the drafter's own guess after them). `clock`
         times everything the loop learns from (tests give one that stands still).
-        `lookups`: a lookup's free drafts where the length sends no draft, if they pay."""
-        if isinstance(draft_n, int):
-            if draft_n < 0:
-                raise ValueError("draft_n must be >= 0")
-            draft_n = FixedLength(draft_n)
+        `lookups`: a lookup's free drafts where the length sends no draft, if they pay.
+        `mark_lookups`: a lookup's draft says so (the verifier's /info `lookup_drafts`)."""
         self.drafter = drafter
         self.verifier = verifier
-        self.draft_length = draft_n
+        self.draft_length = draft_length_of(draft_n)
         self.n_ctx = n_ctx
         self.pipeline = pipeline
         self.clock = clock
         self.speculation = SpeculationCache(drafter, branches, clock=clock) if pipeline else None
         self.vocab = vocab
-        self.lookups = lookups
+        self.lookups, self.mark_lookups = lookups, mark_lookups
         self.result = SpeculativeResult()
         self.sessions = RemoteSessions(verifier)
         # Learned as rounds go: a round trip, a drafted token (what speculation has).
@@ -292,7 +290,7 @@ class SpeculativeLoop:
     ) -> tuple[VerifyResponse, float, Draft | None]:
         """The round's answer, its round trip, and the next round's draft if it was made
         while this one was out (pipelined) for the answer that came."""
-        request = verify_request(session_id, committed, draft, chunk)
+        request = verify_request(session_id, committed, draft, chunk, self.mark_lookups)
         if sender is None:
             return (*self._timed_verify(request), None)
         in_flight: Future = sender.submit(self._timed_verify, request)
@@ -346,6 +344,15 @@ def _chunk(
     room = loop.n_ctx - len(committed) + 1
     chunk = loop.draft_length.chunk(paced=True) if paced else loop.draft_length.chunk()
     return max(1, min(chunk, remaining, room))
+
+
+def draft_length_of(draft_n: int | DraftLength) -> DraftLength:
+    """A fixed k as a draft length; a draft length as it is."""
+    if not isinstance(draft_n, int):
+        return draft_n
+    if draft_n < 0:
+        raise ValueError("draft_n must be >= 0")
+    return FixedLength(draft_n)
 
 
 def _looked_up(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> Draft | None:

@@ -70,7 +70,8 @@ class NgramDrafter(Drafter):
     ) -> Draft:
         """`stop` does not apply: a lookup is instant."""
         tokens = lookup(committed, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
-        return Draft(tokens, [self._point_mass(t) for t in tokens] if self.sample_drafts else None)
+        probs = [self._point_mass(t) for t in tokens] if self.sample_drafts else None
+        return Draft(tokens, probs, lookup=True)
 
     def _point_mass(self, token: int) -> np.ndarray:
         q = np.zeros(self.n_vocab, dtype=np.float32)

@@ -45,13 +45,16 @@ def round_timing(
 
 
 def verify_request(
-    session_id: str, committed: list[int], draft: Draft, chunk: int
+    session_id: str, committed: list[int], draft: Draft, chunk: int, mark_lookups: bool = True
 ) -> VerifyRequest:
-    """The round as /verify takes it: the draft (and its q where sampled), or a chunk."""
+    """The round as /verify takes it: the draft (and its q where sampled; a lookup's
+    marked as one, where `mark_lookups`: a verifier that predates the mark refuses it),
+    or a chunk."""
     return VerifyRequest(
         session_id=session_id,
         n_past=len(committed),
         draft_tokens=list(draft.tokens),
         draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
         chunk_tokens=chunk if chunk > 1 else None,
+        draft_kind="lookup" if mark_lookups and draft.lookup and draft.tokens else None,
     )

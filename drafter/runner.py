@@ -238,6 +238,7 @@ def speculative_loop(
         branches=settings.branches,
         vocab=model.vocab_relation,
         lookups=LookupGate(info.max_draft) if gated else None,
+        mark_lookups=info.lookup_drafts,
     )
 
 

@@ -105,7 +105,7 @@ class SpeculationCache:
         probs = None if made.probs is None else list(made.probs[:k])
         self.counts.sent_at_once += 1
         self.counts.used += len(tokens)
-        return Draft(tokens, probs, len(tokens))
+        return Draft(tokens, probs, len(tokens), made.lookup)
 
     def forget(self) -> None:
         """Drop what was drafted ahead: before the next round's, or when a round goes out
@@ -124,7 +124,7 @@ class SpeculationCache:
         guess, *rest = ahead.tokens
         probs = None if ahead.probs is None else list(ahead.probs[1:])
         self._ranked = [(len(draft), guess)]
-        self._keep((len(draft), guess), Draft(rest, probs))
+        self._keep((len(draft), guess), Draft(rest, probs, lookup=ahead.lookup))
 
     def _keep(self, answer: tuple[int, int], made: Draft) -> None:
         self._drafts[answer] = made

@@ -249,7 +249,8 @@ class SuffixDrafter(Drafter):
         sources = [self._live.occurrences, self.history.index.occurrences]
         with self.history.lock:
             tokens = suffix_chain(committed, sources, k, self.rules)
-        return Draft(tokens, [self._point_mass(t) for t in tokens] if self.sample_drafts else None)
+        probs = [self._point_mass(t) for t in tokens] if self.sample_drafts else None
+        return Draft(tokens, probs, lookup=True)
 
     def finish(self, text: Sequence[int]) -> None:
         self.history.add(text)

@@ -36,13 +36,8 @@ SESSION_ID = re.compile(SESSION_ID_PATTERN)
 # Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
 # balancer can hash it without reading the body (see the README's protocol section).
 SESSION_ID_HEADER = "X-Session-Id"
-# Which strategies keep the output distributed exactly as the verifier's own.
-LOSSLESS: dict[Strategy, bool] = {
-    Strategy.greedy: True,
-    Strategy.rejection: True,
-    Strategy.match: True,
-    Strategy.threshold: False,
-}
+# Which strategies keep the output distributed exactly as the verifier's own: all but one.
+LOSSLESS: dict[Strategy, bool] = {strategy: strategy != Strategy.threshold for strategy in Strategy}
 # Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
 MAX_DRAFT_SCHEMA = 256
 # A round without a draft may ask for this many of the verifier's own tokens at most.
@@ -236,6 +231,12 @@ class VerifyRequest(WireModel):
         description="a round without a draft (k = 0): the verifier decodes this many tokens "
         "of its own, one pass each, and answers them together (None: one)",
     )
+    draft_kind: Literal["lookup"] | None = Field(
+        None,
+        description="`lookup`: the draft copies earlier text (prompt lookup, a suffix match), "
+        "judged as any draft but kept out of the acceptance the advice is made from, which "
+        "is a draft model's (None)",
+    )
 
     @model_validator(mode="after")
     def _chunk_without_draft(self) -> VerifyRequest:
@@ -361,9 +362,8 @@ class InfoResponse(ResponseModel):
     prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
     prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
     prompt_tile_rows: int = Field(0, description="> 0: prompts tiled, >= this many rows a pass")
-    prefix_cache: bool = Field(
-        False, description="whether ended sessions' prompts are kept and reused"
-    )
+    prefix_cache: bool = Field(False, description="ended sessions' prompts kept and reused")
+    lookup_drafts: bool = Field(False, description="rounds may say draft_kind 'lookup'")
     strategies: dict[str, bool] = Field(
         default_factory=lambda: dict(LOSSLESS),
         description="verification strategies, each mapped to whether it is lossless here",

@@ -208,6 +208,7 @@ class Engine:
                 )
             draft_probs = [(q := dense(row, n_vocab)) / q.sum() for row in request.draft_probs]
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
+        work.lookup = request.draft_kind == "lookup"
         session.work = work
         return work
 
@@ -248,7 +249,7 @@ class Engine:
                 results.append(self._fail(work, exc))
         # Counted once the pass's rounds are answered: each was advised from the same.
         for work, result in zip(works, results, strict=True):
-            if isinstance(result, VerifyResponse) and not work.copied:
+            if isinstance(result, VerifyResponse) and not (work.copied or work.lookup):
                 self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
         return Ran(results, decoded.passes)
 
@@ -360,5 +361,6 @@ def engine_info(engine: Engine) -> InfoResponse:
         prompt_chunk=engine.prompt_chunk,
         prompt_tile_rows=engine.cuts.tile_rows,
         prefix_cache=engine.prefix_cache,
+        lookup_drafts=True,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )

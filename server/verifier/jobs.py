@@ -44,6 +44,7 @@ class VerifyWork:
     masks: np.ndarray | None = None  # the grammar's, computed before the round began
     copied: Copy | None = None  # its draft is the verifier's own copy, no client's
     advise: bool = True  # its answer carries advice (a chunk's steps do not: the chunk's does)
+    lookup: bool = False  # its draft is a client's lookup (draft_kind): not a draft model's
 
     @property
     def tokens(self) -> list[int]:

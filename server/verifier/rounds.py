@@ -67,10 +67,11 @@ def finish_round(
         # The grammar's state advanced before anything else changes (undone if a later
         # step fails): the KV trim below is the session's first change.
         undo_grammar = _committed(session.constraint, verdict.tokens)
-        # A copy's outcome is the copies' own: the advice judges the client's drafts.
-        drafted = 0 if work.copied else len(work.draft_tokens)
+        # A copy's outcome is the copies' own, and a client's lookup is no draft model's:
+        # the advice judges a draft model's drafts.
+        drafted = 0 if work.copied or work.lookup else len(work.draft_tokens)
         acceptance = session.acceptance.after(drafted, verdict.accepted_prefix_len)
-        copied = len(work.draft_tokens) - drafted
+        copied = len(work.draft_tokens) if work.copied else 0
         resync = work.copied is not None and work.copied.resync  # judged apart (copy_draft.py)
         copies = session.copies.after(0 if resync else copied, verdict.accepted_prefix_len)
         resyncs = session.resyncs.after(copied if resync else 0, verdict.accepted_prefix_len)

@@ -52,3 +52,22 @@ def test_chunks_over_a_repeated_passage_are_the_verifiers_own_tokens(
     assert got == reference.greedy(opened["prompt_ids"], len(got))
     alone = {"prompt_tokens": opened["prompt_ids"], "max_tokens": len(got)}
     assert httpx.post(f"{url}/generate", json=alone, timeout=300).json()["tokens"] == got
+
+
+def test_a_lookups_round_is_judged_as_any_draft_on_the_real_model(live_verifier, reference):
+    """draft_kind 'lookup' (a client's copy of earlier text): the verifier says it takes
+    the mark, and the round's tokens are the verifier's own, as with any draft."""
+    url = live_verifier.url
+    assert httpx.get(f"{url}/info", timeout=60).json()["lookup_drafts"] is True
+    opened = httpx.post(f"{url}/prefill", json={"prompt": PROMPT}, timeout=300).json()
+    own = reference.greedy(opened["prompt_ids"], 6)
+    body = {"session_id": opened["session_id"], "n_past": opened["total_tokens"]}
+    wrong_kind = httpx.post(
+        f"{url}/verify", json={**body, "draft_tokens": own[:4], "draft_kind": "model"}, timeout=60
+    )
+    assert wrong_kind.status_code == 422  # the mark is `lookup` or nothing
+    reply = httpx.post(
+        f"{url}/verify", json={**body, "draft_tokens": own[:4], "draft_kind": "lookup"}, timeout=300
+    ).json()
+    httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=30)
+    assert reply["accepted_prefix_len"] == 4 and reply["tokens"] == own[:5]

@@ -206,3 +206,17 @@ def test_a_drafter_that_cannot_rank_drafts_for_one_answer_and_ranks_only_it():
     cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
     assert cache.take(0, 7, 3) is None
     assert cache.counts.answer_ranks == {0: 1} and cache.counts.answered == 2
+
+
+def test_a_draft_made_ahead_by_a_lookup_is_still_marked_a_lookups():
+    """The verifier keeps a lookup's outcome out of its advice (draft_kind): a draft made
+    ahead, whole or cut short, keeps the mark its drafter gave it."""
+
+    class LookupDrafter(SampledDrafter):
+        def get_candidates(self, committed, k, stop=None) -> Draft:
+            return super().get_candidates(committed, k, stop)._replace(lookup=True)
+
+    cache = SpeculationCache(LookupDrafter(), max_branches=3)
+    cache.prepare([1, 2], [4, 5], 3, stop=lambda: False)
+    taken = cache.take(2, 1, 3)
+    assert taken.tokens and taken.lookup and taken.first(1).lookup

@@ -1,0 +1,74 @@
+"""A lookup's draft (prompt lookup, a suffix match: a copy of earlier text) is marked as
+one on the wire (`draft_kind`), judged as any draft, and kept out of what the verifier's
+advice is made from (a draft model's acceptance, its last draft, the pool of every
+session's rounds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from drafter.candidates import Draft
+from drafter.ngram import NgramDrafter
+from drafter.round_parts import verify_request
+from server.shared.draft_gain import Acceptance
+from server.shared.protocol import VerifyRequest
+from server.verifier.checks import round_key
+from server.verifier.cycle import Job
+from tests.fixtures.invariants import check_engine
+from tests.unit.test_cycle import build, open_session
+
+
+def round_with(opened, draft: list[int], kind: str | None) -> Job:
+    request = VerifyRequest(
+        session_id=opened.response.session_id,
+        n_past=len(opened.session.tokens),
+        draft_tokens=draft,
+        draft_kind=kind,
+    )
+    return Job("a", request.session_id, request=request, round_key=round_key(request))
+
+
+@pytest.mark.parametrize("kind", [None, "lookup"])
+def test_a_lookups_round_is_judged_alike_and_leaves_the_advice_as_it_was(kind):
+    runtime, cycle = build()
+    engine = cycle.engine
+    opened = open_session(cycle, "the same text, twice")
+    expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
+    pool = engine.advisor.pool
+    ((_, answer),) = cycle.step([round_with(opened, [expected[0], expected[1], 63], kind)]).answers
+    assert answer.tokens == expected[:3] and answer.accepted_prefix_len == 2  # alike
+    session = opened.session
+    if kind == "lookup":
+        assert session.acceptance == Acceptance() and session.last_draft == 0
+        assert engine.advisor.pool == pool
+    else:
+        assert session.acceptance == Acceptance().after(3, 2) and session.last_draft == 3
+        assert engine.advisor.pool != pool
+    assert session.copies == opened.session.copies  # no copy of the verifier's either way
+    check_engine(engine)
+
+
+def test_draft_kind_takes_lookup_or_nothing():
+    assert VerifyRequest(session_id="s", n_past=1, draft_kind="lookup").draft_kind == "lookup"
+    with pytest.raises(ValidationError):
+        VerifyRequest(session_id="s", n_past=1, draft_kind="model")
+    # Left out where it is the default: a verifier that predates the field takes the round.
+    body = VerifyRequest(session_id="s", n_past=1, draft_tokens=[5]).model_dump_json(
+        exclude_none=True
+    )
+    assert "draft_kind" not in body
+
+
+def test_the_drafter_marks_a_lookups_draft_and_keeps_the_mark():
+    lookup = NgramDrafter(16, min_ngram=2).get_candidates([1, 2, 3, 1, 2], 2)
+    assert lookup.tokens == [3, 1] and lookup.lookup
+    assert lookup.first(1).lookup and lookup.first(1).tokens == [3]
+    assert verify_request("s", [1, 2, 3, 1, 2], lookup, 1).draft_kind == "lookup"
+    model = Draft([7, 8], [np.full(4, 0.25)] * 2)
+    assert not model.lookup and verify_request("s", [1], model, 1).draft_kind is None
+    # An empty lookup is a round without a draft: no kind to tell.
+    assert verify_request("s", [1], Draft([], None, lookup=True), 4).draft_kind is None
+    # A verifier whose /info does not say it takes the mark gets none.
+    assert verify_request("s", [1, 2, 3, 1, 2], lookup, 1, mark_lookups=False).draft_kind is None
