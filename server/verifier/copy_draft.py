@@ -72,13 +72,6 @@ def copy_source(tokens: Sequence[int], ngram: int) -> int | None:
     return None
 
 
-def copy_draft(tokens: Sequence[int], ngram: int, limit: int) -> list[int]:
-    """Up to `limit` tokens that followed the latest earlier occurrence of the last `ngram`
-    tokens of `tokens`; [] where they occur nowhere earlier."""
-    start = copy_source(tokens, ngram) if limit > 0 else None
-    return [] if start is None else list(tokens[start : start + limit])
-
-
 def resync_source(tokens: Sequence[int], anchor: tuple[int, int] | None, span: int) -> int | None:
     """Where a copy goes on after an edit: `anchor` is (an index in the source, the text's
     position that stood for it: where the text left the source, or where a copy ended).

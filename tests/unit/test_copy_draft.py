@@ -15,8 +15,8 @@ from server.verifier.copy_draft import (
     RESYNC_SLACK,
     ChunkCopier,
     Copy,
-    copy_draft,
     copy_length,
+    copy_source,
     resync_source,
 )
 from server.verifier.cycle import CycleStep, Job
@@ -24,6 +24,12 @@ from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine
 from tests.unit.test_cycle import chunk_job, chunk_job_like
+
+
+def copy_draft(tokens: list[int], ngram: int, limit: int) -> list[int]:
+    """Up to `limit` tokens from where copy_source says the copy starts."""
+    start = copy_source(tokens, ngram) if limit > 0 else None
+    return [] if start is None else tokens[start : start + limit]
 
 
 def brute_force_copy(tokens: list[int], ngram: int, limit: int) -> list[int]:
