@@ -206,7 +206,7 @@ class SpeculativeLoop:
             draft = looked_up or draft
             draft_s = self.clock() - drafting
             result.stats.draft_time_s += draft_s
-            if draft.tokens and not draft.reused and not looked_up:
+            if draft.tokens and not draft.reused and not draft.lookup:  # the model's time
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             # No draft: a chunk of the verifier's own tokens, where it decodes them.
             chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens, paced=held)

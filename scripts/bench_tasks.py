@@ -125,6 +125,7 @@ class System:
     kind: str  # "generate" (the verifier alone), "serve" or "llama"
     args: tuple[str, ...] = ()
     speculative: bool = True  # whether it drafts (a mean accepted tokens column)
+    verifier_env: tuple[tuple[str, str], ...] = ()  # settings of its verifier (--variant)
 
 
 OURS = (
@@ -218,6 +219,22 @@ def load_questions(families: Sequence[str], per_family: int | None) -> list[Ques
     return [qs[i] for i in range(longest) for qs in by_family.values() if i < len(qs)]
 
 
+def variant(text: str) -> System:
+    """`NAME:VAR=VALUE[,VAR=VALUE...]`: `serve`'s default on a verifier with these
+    settings, as a system named NAME (an A/B of a verifier setting in one run)."""
+    name, _, settings = text.partition(":")
+    pairs = [p.strip().partition("=") for p in settings.split(",") if p.strip()]
+    if not name or not pairs or any(not k.startswith("VERIFIER_") or not eq for k, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME:VERIFIER_SETTING=VALUE[,VERIFIER_SETTING=VALUE...]"
+        )
+    if name in SYSTEMS:
+        raise argparse.ArgumentTypeError(f"{text!r}: {name!r} is a system already")
+    env = tuple((k, v) for k, _, v in pairs)
+    label = "ours, default, " + ", ".join(f"{k}={v}" for k, v in env)
+    return System(name, label, "serve", verifier_env=env)
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -258,6 +275,7 @@ class Ours:
                 "VERIFIER_MODEL_PATH": str(args.verifier_model),
                 "VERIFIER_N_THREADS": "1",
                 "VERIFIER_N_CTX": str(args.n_ctx),
+                **dict(system.verifier_env),
             },
             command_prefix=pin([args.verifier_core]),
         )
@@ -636,6 +654,15 @@ def main(argv: list[str] | None = None) -> None:
         "(llama-server's modes are added with --llama-server).",
     )
     parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        default=[],
+        metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
+        help="One more system: `serve`'s default on a verifier with these settings "
+        "(VERIFIER_* variables), named NAME; may be given more than once.",
+    )
+    parser.add_argument(
         "--llama-server",
         type=Path,
         help="A llama-server binary (scripts/build_llama_server.sh builds one): adds its "
@@ -698,12 +725,16 @@ def main(argv: list[str] | None = None) -> None:
     for family in families:
         if family not in LABELS:
             parser.error(f"unknown family {family!r}: choose from {', '.join(LABELS)}")
+    systems_by_name = {**SYSTEMS, **{v.name: v for v in args.variant}}
+    names += [v.name for v in args.variant]
     for name in names:
-        if name not in SYSTEMS or (SYSTEMS[name].kind == "llama" and not args.llama_server):
+        if name not in systems_by_name or (
+            systems_by_name[name].kind == "llama" and not args.llama_server
+        ):
             parser.error(f"unknown system {name!r}")
     if args.per_family < 0 or args.max_tokens < 1:
         parser.error("--per-family must be 0 or more, --max-tokens 1 or more")
-    systems = [SYSTEMS[name] for name in dict.fromkeys(names)]
+    systems = [systems_by_name[name] for name in dict.fromkeys(names)]
     questions = load_questions(families, args.per_family or None)
     rows = run(args, systems, questions)
     summary = summarize(rows, families, systems)

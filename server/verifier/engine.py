@@ -86,8 +86,7 @@ class Engine:
         widest = max(max_draft + 1, settings.pin_width or max_draft + 1)
         if runtime.n_batch < widest:
             raise ValueError(f"n_batch={runtime.n_batch} cannot hold a draft of {max_draft} + 1")
-        self.runtime = runtime
-        self.max_draft = max_draft
+        self.runtime, self.max_draft = runtime, max_draft
         self.n_seq = runtime.n_seq_max
         self.n_ctx = min(settings.n_ctx, runtime.n_ctx_per_seq - widest)
         if self.n_ctx < 2:
@@ -247,9 +246,10 @@ class Engine:
                     results.append(self._advance_prefill(work, len(job.tokens)))
             except Exception as exc:
                 results.append(self._fail(work, exc))
-        # Counted once the pass's rounds are answered: each was advised from the same.
+        # Counted once the pass's rounds are answered: each was advised from the same. A lookup
+        # counts: its mark, the client's word, moves its own session's advice, not the pool.
         for work, result in zip(works, results, strict=True):
-            if isinstance(result, VerifyResponse) and not (work.copied or work.lookup):
+            if isinstance(result, VerifyResponse) and not work.copied:
                 self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
         return Ran(results, decoded.passes)
 

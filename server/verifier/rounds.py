@@ -68,14 +68,16 @@ def finish_round(
         # step fails): the KV trim below is the session's first change.
         undo_grammar = _committed(session.constraint, verdict.tokens)
         # A copy's outcome is the copies' own, and a client's lookup is no draft model's:
-        # the advice judges a draft model's drafts.
-        drafted = 0 if work.copied or work.lookup else len(work.draft_tokens)
+        # the session's acceptance judges a draft model's drafts. A lookup's rows fill a
+        # pass as a model's do, so its length is the last draft the advice grows from.
+        sent = 0 if work.copied else len(work.draft_tokens)
+        drafted = 0 if work.lookup else sent
         acceptance = session.acceptance.after(drafted, verdict.accepted_prefix_len)
         copied = len(work.draft_tokens) if work.copied else 0
         resync = work.copied is not None and work.copied.resync  # judged apart (copy_draft.py)
         copies = session.copies.after(0 if resync else copied, verdict.accepted_prefix_len)
         resyncs = session.resyncs.after(copied if resync else 0, verdict.accepted_prefix_len)
-        last_draft = drafted or session.last_draft
+        last_draft = sent or session.last_draft
         advised = advise(acceptance, last_draft) if advise is not None and work.advise else None
         # Keep the pending token and the accepted drafts; the target's own token
         # becomes the next pending token.

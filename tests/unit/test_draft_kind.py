@@ -1,7 +1,8 @@
 """A lookup's draft (prompt lookup, a suffix match: a copy of earlier text) is marked as
-one on the wire (`draft_kind`), judged as any draft, and kept out of what the verifier's
-advice is made from (a draft model's acceptance, its last draft, the pool of every
-session's rounds)."""
+one on the wire (`draft_kind`), judged as any draft, and kept out of what the session's
+acceptance is made from (a draft model's); its length still counts where a
+draft's does (the last draft the advice grows from, the pool of every session's rounds),
+since its rows fill a pass alike."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from drafter.ngram import NgramDrafter
 from drafter.round_parts import verify_request
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import VerifyRequest
+from server.verifier.advice import POOL_DECAY
 from server.verifier.checks import round_key
 from server.verifier.cycle import Job
 from tests.fixtures.invariants import check_engine
@@ -31,23 +33,56 @@ def round_with(opened, draft: list[int], kind: str | None) -> Job:
 
 
 @pytest.mark.parametrize("kind", [None, "lookup"])
-def test_a_lookups_round_is_judged_alike_and_leaves_the_advice_as_it_was(kind):
+def test_a_lookups_round_is_judged_alike_and_leaves_the_sessions_acceptance(kind):
     runtime, cycle = build()
     engine = cycle.engine
     opened = open_session(cycle, "the same text, twice")
     expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
-    pool = engine.advisor.pool
+    session = opened.session
+    pool, copies, resyncs = engine.advisor.pool, session.copies, session.resyncs
     ((_, answer),) = cycle.step([round_with(opened, [expected[0], expected[1], 63], kind)]).answers
     assert answer.tokens == expected[:3] and answer.accepted_prefix_len == 2  # alike
-    session = opened.session
     if kind == "lookup":
-        assert session.acceptance == Acceptance() and session.last_draft == 0
-        assert engine.advisor.pool == pool
+        assert session.acceptance == Acceptance()
     else:
-        assert session.acceptance == Acceptance().after(3, 2) and session.last_draft == 3
-        assert engine.advisor.pool != pool
-    assert session.copies == opened.session.copies  # no copy of the verifier's either way
+        assert session.acceptance == Acceptance().after(3, 2)
+    # Either way its rows filled the pass: the advice grows from its length, and the pool
+    # every session's advice comes from counts it (the mark is only the client's word).
+    assert session.last_draft == 3
+    assert engine.advisor.pool == pool.after(3, 2, POOL_DECAY)
+    assert (session.copies, session.resyncs) == (copies, resyncs)  # no copy of the verifier's
     check_engine(engine)
+
+
+def test_lookups_after_a_model_round_keep_its_acceptance_and_grow_the_last_draft():
+    runtime, cycle = build()
+    opened = open_session(cycle, "the same text, twice")
+    session = opened.session
+    expected = runtime.reference_greedy(opened.response.prompt_ids, 12)
+    cycle.step([round_with(opened, [expected[0], 63], None)])  # a model's draft: 1 of 2
+    model_acceptance = Acceptance().after(2, 1)
+    assert session.acceptance == model_acceptance and session.last_draft == 2
+    ((_, answer),) = cycle.step([round_with(opened, expected[2:6], "lookup")]).answers
+    assert answer.tokens == expected[2:7]  # all four accepted, the verifier's own after
+    assert session.acceptance == model_acceptance and session.last_draft == 4
+    check_engine(cycle.engine)
+
+
+def test_a_replay_with_another_kind_is_answered_from_the_record_and_counted_once():
+    runtime, cycle = build()
+    opened = open_session(cycle, "the same text, twice")
+    session = opened.session
+    expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
+    first = round_with(opened, [expected[0], 63], None)
+    ((_, answer),) = cycle.step([first]).answers
+    acceptance, pool = session.acceptance, cycle.engine.advisor.pool
+    again = VerifyRequest(**{**first.request.model_dump(), "draft_kind": "lookup"})
+    assert round_key(again) == first.round_key  # the kind is no part of what a round is
+    replay = Job("a", again.session_id, request=again, round_key=round_key(again))
+    step = cycle.step([replay])
+    assert step.replayed == 1 and step.answers[0][1] == answer
+    assert session.acceptance == acceptance and cycle.engine.advisor.pool == pool
+    check_engine(cycle.engine)
 
 
 def test_draft_kind_takes_lookup_or_nothing():
