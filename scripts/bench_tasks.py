@@ -447,7 +447,8 @@ def run(args: argparse.Namespace, systems: list[System], questions: list[Questio
         vocab = LlamaVocab(args.verifier_model, vocab_only=True)
     running: list[Ours | LlamaServer] = []
     rows: list[dict] = []
-    try:
+
+    def start_all() -> None:
         for system in systems:
             print(f"starting {system.label}", file=sys.stderr)
             if system.kind == "llama":
@@ -456,7 +457,16 @@ def run(args: argparse.Namespace, systems: list[System], questions: list[Questio
                 started = Ours(system, args, vocab)
             running.append(started)
             started.ask(WARM_UP, 8)  # loads what loads on first use (serve's draft model)
+
+    try:
+        start_all()
         for i, question in enumerate(questions):
+            if args.restart_every and i and i % args.restart_every == 0:
+                # A process runs some percent faster or slower than the next one: a run
+                # over several of each system's processes averages that out.
+                while running:
+                    running.pop().stop()
+                start_all()
             shift = i % len(running)
             for started in running[shift:] + running[:shift]:
                 settle(running)  # the turns of one question follow one another at once
@@ -709,6 +719,16 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="CPU core `serve` is pinned to with taskset; llama-server gets both cores.",
     )
+    parser.add_argument(
+        "--restart-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Start every system afresh after every N questions (0: one process a system "
+        "for the whole run): the same code runs some percent faster or slower from one "
+        "process to the next, and a run over several averages that out. A suffix "
+        "drafter's history starts empty again.",
+    )
     parser.add_argument("--json", type=Path, help="Write every answer and the summary here.")
     args = parser.parse_args(argv)
     if args.quick:
@@ -732,8 +752,8 @@ def main(argv: list[str] | None = None) -> None:
             systems_by_name[name].kind == "llama" and not args.llama_server
         ):
             parser.error(f"unknown system {name!r}")
-    if args.per_family < 0 or args.max_tokens < 1:
-        parser.error("--per-family must be 0 or more, --max-tokens 1 or more")
+    if args.per_family < 0 or args.max_tokens < 1 or args.restart_every < 0:
+        parser.error("--per-family, --restart-every must be 0 or more, --max-tokens 1 or more")
     systems = [systems_by_name[name] for name in dict.fromkeys(names)]
     questions = load_questions(families, args.per_family or None)
     rows = run(args, systems, questions)

@@ -18,8 +18,21 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
+# Some virtual machines advertise AMX and fault on it (scripts/amx_faults.sh says where).
+rebuild=() no_amx=""
+if ./scripts/amx_faults.sh; then
+    say "this CPU advertises AMX but faults on it: llama.cpp is built without AMX"
+    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # before -march=native, and kept
+    export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
+    # A build made with AMX (installed, or in pip's cache) is not taken again.
+    if .venv/bin/python -c 'import llama_cpp' 2>/dev/null && [ ! -f .venv/.llama-cpp-no-amx ]; then
+        rebuild=(--force-reinstall --no-deps --no-cache-dir "llama-cpp-python>=0.3.36,<0.4")
+    fi
+fi
+
 # Reinstall only when the project's dependencies change.
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS-${CMAKE_ARGS:-}"
+stamp+=${no_amx:+-no-amx}
 stamp=${stamp// /_}
 if [ ! -f "$stamp" ]; then
     say "installing hetero-specdecode[$EXTRAS] and its dependencies"
@@ -27,7 +40,14 @@ if [ ! -f "$stamp" ]; then
         say "llama-cpp-python builds from source: about 10 minutes on 2 cores, once"
     fi
     .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip
-    .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]"
+    if [ ${#rebuild[@]} -gt 0 ]; then
+        say "llama-cpp-python builds again, without AMX: about 10 minutes on 2 cores"
+        .venv/bin/python -m pip install --disable-pip-version-check -q "${rebuild[@]}"
+    fi
+    # A wheel of llama-cpp-python in pip's cache may have been built with other flags.
+    .venv/bin/python -m pip install --disable-pip-version-check \
+        ${CMAKE_ARGS:+--no-cache-dir} ${no_amx:+--no-cache-dir} -e ".[$EXTRAS]"
+    if [ -n "$no_amx" ]; then touch .venv/.llama-cpp-no-amx; fi
     rm -f .venv/.installed-*
     touch "$stamp"
 else
