@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         results = {"config": config, "summary": summary, "answers": rows}
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(results, indent=1, default=str))
     bad = [
         (f, s)
         for f, block in summary.items()
