@@ -29,6 +29,7 @@ if [ -z "$source" ]; then
     source=$(ls "$OUT"/sdist/llama_cpp_python-"$version".tar.gz)
 fi
 
+given=$source
 if [ -f "$source" ]; then
     say "unpacking $source"
     rm -rf "$OUT/src"
@@ -45,9 +46,9 @@ else
     echo "[llama-server] $source is neither a llama-cpp-python sdist nor llama.cpp" >&2
     exit 1
 fi
-case "$source" in
+case "$given" in
 *"$version"*) ;;
-*) say "note: $source does not name version $version: its llama.cpp may differ from the installed one" ;;
+*) say "note: $given does not name version $version: its llama.cpp may differ from the installed one" ;;
 esac
 
 if ./scripts/amx_faults.sh; then

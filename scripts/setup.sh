@@ -24,9 +24,13 @@ if ./scripts/amx_faults.sh; then
     say "this CPU advertises AMX but faults on it: llama.cpp is built without AMX"
     no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # before -march=native, and kept
     export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
-    # A build made with AMX (installed, or in pip's cache) is not taken again.
-    if .venv/bin/python -c 'import llama_cpp' 2>/dev/null && [ ! -f .venv/.llama-cpp-no-amx ]; then
-        rebuild=(--force-reinstall --no-deps --no-cache-dir "llama-cpp-python>=0.3.36,<0.4")
+    # A build made with AMX, installed or in pip's cache (where a drafter's install, as the
+    # tests make one, would take it), is not taken again; the new build is cached instead.
+    if [ ! -f .venv/.llama-cpp-no-amx ]; then
+        .venv/bin/python -m pip cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
+        if .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
+            rebuild=(--force-reinstall --no-deps "llama-cpp-python>=0.3.36,<0.4")
+        fi
     fi
 fi
 
@@ -44,9 +48,7 @@ if [ ! -f "$stamp" ]; then
         say "llama-cpp-python builds again, without AMX: about 10 minutes on 2 cores"
         .venv/bin/python -m pip install --disable-pip-version-check -q "${rebuild[@]}"
     fi
-    # A wheel of llama-cpp-python in pip's cache may have been built with other flags.
-    .venv/bin/python -m pip install --disable-pip-version-check \
-        ${CMAKE_ARGS:+--no-cache-dir} ${no_amx:+--no-cache-dir} -e ".[$EXTRAS]"
+    .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]"
     if [ -n "$no_amx" ]; then touch .venv/.llama-cpp-no-amx; fi
     rm -f .venv/.installed-*
     touch "$stamp"

@@ -243,3 +243,28 @@ def test_speed_on_the_same_work_counts_only_answers_every_system_wrote_alike():
     assert all_["default"]["alike_tokens_per_s"] == 20.0
     assert all_["llama"]["alike_tokens_per_s"] == 10.0
     assert all_["llama"]["tokens_per_s"] == 65 / 3  # every answer: other work counted
+
+
+def test_a_variant_is_serves_default_on_a_verifier_with_other_settings():
+    """scripts/bench_tasks.py --variant: an A/B of a verifier setting in one run."""
+    import argparse
+
+    from scripts.bench_tasks import variant
+
+    system = variant("copy6:VERIFIER_CHUNK_COPY_NGRAM=6, VERIFIER_CHUNK_COPY_RESYNC=0")
+    assert (system.name, system.kind, system.args) == ("copy6", "serve", ())
+    assert system.verifier_env == (
+        ("VERIFIER_CHUNK_COPY_NGRAM", "6"),
+        ("VERIFIER_CHUNK_COPY_RESYNC", "0"),
+    )
+    assert "VERIFIER_CHUNK_COPY_NGRAM=6" in system.label
+    for bad in (
+        "copy6",
+        "copy6:",
+        ":VERIFIER_X=1",
+        "copy6:CHUNK=1",
+        "copy6:VERIFIER_X",
+        "default:VERIFIER_X=1",
+    ):
+        with pytest.raises(argparse.ArgumentTypeError):
+            variant(bad)
