@@ -75,6 +75,8 @@ cmake --build "$OUT/cmake" --target llama-server -j "$JOBS" >"$OUT/build.log"
 
 mkdir -p "$OUT/bin"
 cp "$OUT/cmake/bin/llama-server" "$OUT/bin/llama-server"
+# The unpacked sources are not needed once built (their docs name paths of llama.cpp's tree).
+rm -rf "$OUT/src" "$OUT/sdist"
 echo "$version" >"$OUT/bin/VERSION"
 say "built $OUT/bin/llama-server (llama-cpp-python $version's llama.cpp)"
 "$OUT/bin/llama-server" --version 2>&1 | sed 's/^/[llama-server] /' || true
