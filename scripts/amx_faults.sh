@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Exits 0 where this CPU advertises AMX and a tiny AMX program faults on it, 1 elsewhere.
+# Exits 0 where this CPU advertises AMX and a tiny AMX program faults on it, printing the
+# compiler flags that build without AMX (before -march=native, they stay in force); 1 elsewhere.
 # llama.cpp's CPU build takes every instruction the compiler finds here (-march=native),
 # AMX included where the CPU advertises it; some virtual machines advertise AMX and fault
 # on its first instruction (SIGILL in the first matrix product). setup.sh and
@@ -32,4 +33,5 @@ int main(void) {
 C
 cc -O1 -mamx-tile "$dir/amx.c" -o "$dir/amx" 2>/dev/null || exit 1  # no AMX in this compiler
 ("$dir/amx" >/dev/null; exit $?) 2>/dev/null && exit 1  # its shell reports the fault, quietly
+echo "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 exit 0

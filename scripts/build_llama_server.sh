@@ -51,9 +51,8 @@ case "$given" in
 *) say "note: $given does not name version $version: its llama.cpp may differ from the installed one" ;;
 esac
 
-if ./scripts/amx_faults.sh; then
+if no_amx=$(./scripts/amx_faults.sh); then
     say "this CPU advertises AMX but faults on it: built without AMX"
-    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # before -march=native, and kept
     export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
 fi
 

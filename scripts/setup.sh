@@ -20,9 +20,8 @@ fi
 
 # Some virtual machines advertise AMX and fault on it (scripts/amx_faults.sh says where).
 rebuild=() no_amx=""
-if ./scripts/amx_faults.sh; then
+if no_amx=$(./scripts/amx_faults.sh); then
     say "this CPU advertises AMX but faults on it: llama.cpp is built without AMX"
-    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # before -march=native, and kept
     export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
     # A build made with AMX, installed or in pip's cache (where a drafter's install, as the
     # tests make one, would take it), is not taken again; the new build is cached instead.
