@@ -7,8 +7,8 @@ verifier reused (`usage.prompt_tokens_details.cached_tokens`) and the draft mode
 in its own cache, time to first token, and tokens/s after it. Four verifier setups, one
 after the other in the same run:
 
-- tiled (the default): each stretch of a prompt between the model's earlier answers up
-  to its last multiple of 64 in passes of 64 rows or more (up to n_batch), the rest and
+- tiled (the default): each stretch of a prompt between the model's earlier answers
+  with at least 64 tokens in passes of 64 rows or more (up to n_batch), shorter ones and
   the answers in passes of fewer; prompt reuse on (docs/numerics.md);
 - answers as text: `VERIFIER_PROMPT_REPLIES_BELOW_TILE=false`, the whole prompt one
   stretch (its earlier answers tiled too);

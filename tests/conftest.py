@@ -87,9 +87,8 @@ class ReferenceDecoder:
 
     Independent of the engine's code, but in the engine's configuration (flash attention
     on, prompts cut where the engine cuts them): see docs/numerics.md. With `tile_rows`
-    (/info.prompt_tile_rows), a prompt's tokens but the last go up to their last multiple
-    of it (all of them below two, none below one) in passes of at least `tile_rows` rows,
-    the rest in passes of fewer.
+    (/info.prompt_tile_rows), a prompt's tokens but the last go in passes of at least
+    `tile_rows` rows where they fill one, and in passes of fewer where they do not.
     """
 
     def __init__(self, model: Path, prompt_chunk: int = 512, tile_rows: int = 0):
@@ -115,14 +114,11 @@ class ReferenceDecoder:
 
     def pieces(self, n: int, spans: Sequence[tuple[int, int]] | None = None) -> list[slice]:
         """Where the engine cuts the `n` tokens of a prompt before its last: `spans` (the
-        positions a chat prompt tiles, stretch by stretch), or by default its tokens up to
-        their last multiple of the tile."""
+        positions a chat prompt tiles, stretch by stretch), or by default all of them where
+        they fill a tile."""
         tile, chunk = self.tile_rows, self.prompt_chunk
         if spans is None:
-            tiled = 0
-            if tile and n >= tile:
-                tiled = n if n < 2 * tile else n - n % tile
-            spans = [(0, tiled)] if tiled else []
+            spans = [(0, n)] if tile and n >= tile else []
         small = tile - 1 if tile else chunk
         cuts, start = [], 0
         for span_start, span_end in [*spans, (n, n)]:

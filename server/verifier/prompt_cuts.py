@@ -16,16 +16,16 @@ A prompt is read as stretches of text between the model's replies: a reply start
 the reply opener the chat template writes (`<|im_start|>assistant\n`) and ends before the
 next end-of-turn token; a prompt with no opener is one stretch. Replies are evaluated
 below the tile, as the rounds that generated them were, so a conversation's next turn,
-sent at once, keeps its earlier answers' cells. A stretch's tiled part ends at its last
-multiple of `tile_rows` from the stretch's start (its last token left out: in the prompt
-that ended there, the first round's row); a stretch shorter than two tiles is tiled whole
-if it fills one, and not at all if it does not. So a stretch is cut the same way in every
-prompt that holds it whole, and only a prompt's last stretch changes with the next turn.
-A reopened session's generated tokens are below the tile. A cached prefix remembers its
-tiling; a prompt keeps the cells that are what its own cold evaluation would write, and
-never leaves a tiled remainder shorter than `tile_rows` to evaluate. Idle, the verifier
-evaluates a cached prefix's last stretch again the way a prompt ending in its last tile
-would (`retile_plan`). `tile_rows` 0: one path for every row count, nothing tiled.
+sent at once, keeps its earlier answers' cells. A stretch with at least `tile_rows`
+tokens to evaluate (all of them but the last: in the prompt that ended there, that one was
+the first round's row) is tiled whole, the last pass of it never below a tile; a shorter
+one goes below the tile. So a stretch is cut the same way in every prompt that holds it
+whole, and only a prompt's last stretch changes with the next turn. A reopened session's
+generated tokens are below the tile. A cached prefix remembers its tiling; a prompt keeps
+the cells that are what its own cold evaluation would write, and never leaves a tiled
+remainder shorter than `tile_rows` to evaluate. Idle, the verifier evaluates a cached
+prefix's last stretch again the way a prompt going on from it would (`retile_plan`).
+`tile_rows` 0: one path for every row count, nothing tiled.
 """
 
 from __future__ import annotations
@@ -73,14 +73,12 @@ class PromptCuts:
 
 
 def tiled_end(stretch_len: int, tile_rows: int) -> int:
-    """Where a stretch's tiled part ends, from its start, of its tokens but the last: the
-    last multiple of `tile_rows`; all of them below two tiles; none below one."""
+    """Where a stretch's tiled part ends, from its start: all of its tokens but the last
+    where they fill a tile, none where they do not. (Below the tile, a row's attention
+    costs several times what it costs in a tiled pass once the context is long, so a
+    stretch's remainder is not left below it.)"""
     evaluated = stretch_len - 1
-    if not tile_rows or evaluated < tile_rows:
-        return 0
-    if evaluated < 2 * tile_rows:
-        return evaluated
-    return evaluated - evaluated % tile_rows
+    return evaluated if tile_rows and evaluated >= tile_rows else 0
 
 
 def stretches(tokens: Sequence[int], prompt_len: int, replies: Replies) -> list[tuple[int, int]]:
@@ -166,19 +164,18 @@ def retile_plan(
     tokens: Sequence[int], cached: Tiling, tile_rows: int, replies: Replies = Replies()
 ) -> tuple[int, Tiling] | None:
     """A cached prefix holding `tokens`, its cells tiled as `cached` says, evaluated again
-    as a prompt that goes on past its last tile would be: (start, tiling), its cells from
-    `start` removed and evaluated again (from early enough to fill a tiled pass: tiled
-    cells evaluated again come out the same); None when there is nothing to do. Only its
-    last stretch can want it (a reply is below the tile already), and only one of two
-    tiles or more (a longer prompt's stretch below two tiles is tiled whole)."""
+    as a prompt that goes on from it would be: (start, tiling), its cells from `start`
+    removed and evaluated again (from early enough to fill a tiled pass: tiled cells
+    evaluated again come out the same); None when there is nothing to do. Only its last
+    stretch can want it (a reply is below the tile already), and only one of a tile or
+    more (a prompt going on from it tiles all of it; from a shorter one, maybe not)."""
     n, opener = len(tokens), replies.opener
     found = stretches(tokens, n, replies) if tile_rows else []
-    if not found or found[-1][1] != n or n - found[-1][0] < 2 * tile_rows:
+    if not found or found[-1][1] != n or n - found[-1][0] < tile_rows:
         return None
     if opener and tuple(tokens[n - len(opener) :]) == opener:
         return None  # its last stretch is closed: a next prompt holds it whole, as cut
     last = found[-1][0]
-    length = n - last
-    target = (*prompt_tiling(tokens, last, tile_rows, replies), (last, n - length % tile_rows))
+    target = (*prompt_tiling(tokens, last, tile_rows, replies), (last, n))
     start = reusable(n, cached, target, tile_rows)
     return None if start >= n else (start, target)

@@ -104,7 +104,7 @@ class VerifierSettings(BaseSettings):
         ge=0,
         description="rows of one sequence from which the build's kernels take their tiled "
         "path (the CPU build's flash attention: 64): where prompt chunks are not exact "
-        "however cut, a prompt's tokens up to its last multiple of this go in passes of at "
+        "however cut, a prompt's stretches of at least this many tokens go in passes of at "
         "least this many rows and the rest in passes of fewer, if the startup probe finds "
         "that exact (docs/numerics.md); 0 = never",
     )

@@ -118,11 +118,7 @@ def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_the_refe
 
     def tiled(start: int, end: int) -> list[tuple[int, int]]:  # a stretch's tiled part
         evaluated = end - start - 1
-        if not tile or evaluated < tile:
-            return []
-        return [
-            (start, start + (evaluated if evaluated < 2 * tile else evaluated - evaluated % tile))
-        ]
+        return [(start, start + evaluated)] if tile and evaluated >= tile else []
 
     reply_end = len(first) + len(reply)
     spans = [*tiled(0, len(first)), *tiled(reply_end, len(second))]

@@ -29,13 +29,14 @@ OPENER = [60, 61]  # the fake chat template's reply opener
 REPLIES = Replies(tuple(OPENER), frozenset({EOS}))
 
 
-def test_a_stretchs_tiled_part_ends_at_its_last_tile_whole_below_two_none_below_one():
+def test_a_stretch_is_tiled_whole_where_it_fills_a_tile_and_not_at_all_below_one():
     assert [tiled_end(n + 1, 8) for n in (0, 7, 8, 15, 16, 17, 23, 24, 31)] == [
-        0, 0, 8, 15, 16, 16, 16, 24, 24,
+        0, 0, 8, 15, 16, 17, 23, 24, 31,
     ]  # fmt: skip
     assert tiled_end(1000, 0) == 0
-    # One stretch without an opener: the prompt's tiled part as a whole.
-    assert prompt_tiling(list(range(2, 40)), 38, 8) == ((0, 32),)
+    # One stretch without an opener: the prompt's tiled part as a whole (its last token,
+    # the first round's row, below the tile).
+    assert prompt_tiling(list(range(2, 40)), 38, 8) == ((0, 37),)
     assert prompt_tiling(list(range(2, 40)), 38, 0) == ()
 
 
@@ -140,13 +141,14 @@ def test_what_a_prompt_keeps_of_a_cached_prefix_is_the_most_brute_force_allows()
     assert reusable(30, (), ((0, 64),), 0) == 30  # nothing tiled: everything shared is kept
 
 
-def test_a_cached_prefix_is_evaluated_again_up_to_its_last_tile_from_a_tile_before():
+def test_a_cached_prefix_is_evaluated_again_whole_from_a_tile_before_its_end_at_least():
     text = list(range(2, 60)) * 4
-    assert retile_plan(text[:38], ((0, 24),), 8) == (24, ((0, 32),))
-    assert retile_plan(text[:38], ((0, 32),), 8) is None  # done already
-    assert retile_plan(text[:130], (), 64) == (0, ((0, 128),))
-    assert retile_plan(text[:200], ((0, 160),), 64) == (128, ((0, 192),))
-    assert retile_plan(text[:127], (), 64) is None  # a longer prompt below two tiles tiles whole
+    assert retile_plan(text[:38], ((0, 24),), 8) == (24, ((0, 38),))
+    assert retile_plan(text[:38], ((0, 38),), 8) is None  # done already
+    assert retile_plan(text[:130], (), 64) == (0, ((0, 130),))
+    # What is left to evaluate fills a tiled pass: from a tile before the end.
+    assert retile_plan(text[:200], ((0, 160),), 64) == (136, ((0, 200),))
+    assert retile_plan(text[:63], (), 64) is None  # a prompt going on from it may not tile it
     assert retile_plan(text[:200], ((0, 190),), 0) is None
     # A chat's answer is a reply: below the tile already, nothing to do.
     first = [*text[:29], *OPENER]
@@ -154,8 +156,8 @@ def test_a_cached_prefix_is_evaluated_again_up_to_its_last_tile_from_a_tile_befo
     # Its stretches before the last are cut as in any prompt; the last goes on past a tile.
     later = [*first, *text[:5], EOS, *text[:31]]  # its last stretch: [36, 68)
     tiling = prompt_tiling(later, len(later), 8, REPLIES)
-    assert tiling == ((0, 24), (36, 60))
-    assert retile_plan(later, tiling, 8, REPLIES) == (60, ((0, 24), (36, 68)))
+    assert tiling == ((0, 30), (36, 67))
+    assert retile_plan(later, tiling, 8, REPLIES) == (60, ((0, 30), (36, 68)))
     assert retile_plan([*later[:-2], *OPENER], tiling, 8, REPLIES) is None  # closed: as cut
 
 
@@ -190,16 +192,16 @@ def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[in
     return out[:n]
 
 
-def test_the_probe_finds_tiled_prompts_exact_and_cold_prompts_go_in_whole_tiles():
+def test_the_probe_finds_tiled_prompts_exact_and_a_cold_prompt_goes_tiled_whole():
     runtime, engine = build()
     info = engine_info(engine)
     assert info.prompt_tile_rows == TILE and info.prompt_chunk == 64
     assert info.prefill_chunk_invariant and info.prefix_cache and info.batch_invariant
-    prompt = [2 + i % 50 for i in range(30)]  # 29 evaluated: 24 tiled, 5 after
+    prompt = [2 + i % 50 for i in range(30)]  # 29 evaluated: all tiled, in one pass
     before = len(runtime.decodes)
     session = open_session(engine, prompt)
-    assert [len(d) for d in runtime.decodes[before:]] == [24, 5]
-    assert decode(engine, session.session_id, 9) == runtime.reference_greedy(prompt, 9, 24)
+    assert [len(d) for d in runtime.decodes[before:]] == [29]
+    assert decode(engine, session.session_id, 9) == runtime.reference_greedy(prompt, 9, 29)
     assert_consistent(runtime, engine)
 
 
@@ -211,28 +213,28 @@ def answered(engine: Engine, prompt: list[int], n: int) -> list[int]:
     return answer
 
 
-def test_a_next_turn_keeps_the_tiled_part_then_everything_once_evaluated_again_idle():
+def test_a_next_turn_keeps_the_tiled_part_then_all_but_a_tile_once_evaluated_again_idle():
     runtime, engine = build()
     first = [2 + i % 50 for i in range(30)]
-    answer = answered(engine, first, 9)  # 38 cells cached, 24 tiled
-    second = [*first, *answer, 50]  # 39 evaluated: tiled to 32, as the cache after idle
-    crossing = [*first, *answer, 50, 51, 52]  # 41 evaluated: tiled to 40
+    answer = answered(engine, first, 30)  # 59 cells cached, 29 tiled
+    second = [*first, *answer, 50]  # 60 evaluated, all tiled
+    crossing = [*first, *answer, 50, 51, 52]  # 62 evaluated, all tiled
 
     reused = open_session(engine, second)
-    assert reused.cached_tokens == 24  # the answer was written by rounds: not the prompt's
-    assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 32)
-    engine.sessions.delete(reused.session_id)  # cached again: 44 cells, 32 tiled
+    assert reused.cached_tokens == 29  # the answer was written by rounds: not the prompt's
+    assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 60)
+    engine.sessions.delete(reused.session_id)  # cached again: 66 cells, 60 tiled
 
-    for prompt, kept, tiled in ((second, 38, 32), (crossing, 32, 40)):
+    # Evaluated again idle, every cell is a tiled one; a prompt going on keeps them up to
+    # where what it has left fills a tiled pass.
+    for prompt, kept, tiled in ((second, 60 - TILE, 60), (crossing, 62 - TILE, 62)):
         runtime, engine = build()
-        assert answered(engine, first, 9) == answer
-        # A piece at a time: the tiled part to 32, then the rest below the tile.
-        assert [engine.retile() for _ in range(3)] == [32 - 24, 38 - 32, 0]
+        assert answered(engine, first, 30) == answer
+        # A piece at a time, two tiles at most, never leaving less than a tile.
+        assert [engine.retile() for _ in range(3)] == [16, 59 - 29 - 16, 0]
         (cached,) = engine.sessions.cached_prefixes.values()
-        assert cached.tiling == ((0, 32),) and len(cached.tokens) == 38
+        assert cached.tiling == ((0, 59),) and len(cached.tokens) == 59
         assert_consistent(runtime, engine)
-        # second: every cell (its tiled part ends where the cache's does); crossing: its
-        # tiled part goes on to 40, so [32, 38) is evaluated again
         reused = open_session(engine, prompt)
         assert reused.cached_tokens == kept
         assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(prompt, 6, tiled)
@@ -273,8 +275,8 @@ def test_conversations_of_every_length_answer_as_cold_with_idle_work_between():
 def test_the_engine_thread_runs_idle_work_through_the_scheduler():
     runtime, engine = build()
     scheduler = stepped_scheduler(engine)
-    answered(engine, [2 + i % 50 for i in range(30)], 9)
-    assert [scheduler.run_idle_work() for _ in range(3)] == [32 - 24, 38 - 32, 0]
+    answered(engine, [2 + i % 50 for i in range(30)], 30)
+    assert [scheduler.run_idle_work() for _ in range(3)] == [16, 59 - 29 - 16, 0]
     assert_consistent(runtime, engine)
 
 
@@ -289,12 +291,12 @@ def test_while_rounds_wait_a_prompts_tiled_part_goes_two_tiles_a_pass_and_answer
         kernel=switches_by_rows(TILE, 999), n_batch=64, n_ctx_per_seq=256, n_seq_max=4
     )
     cycle = CycleStep(make_engine(runtime, max_draft=MAX_DRAFT, prompt_tile_rows=TILE))
-    prompt = [2 + i % 50 for i in range(58)]  # 57 evaluated: 56 tiled, 1 after
+    prompt = [2 + i % 50 for i in range(58)]  # 57 evaluated: all tiled
     alone = Job("b", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
     before = len(runtime.decodes)
     while not any(job is alone for job, _ in cycle.step([alone]).answers):
         pass
-    assert [len(d) for d in runtime.decodes[before:]] == [56, 1]
+    assert [len(d) for d in runtime.decodes[before:]] == [57]
 
     busy = Job("a", None, request=PrefillRequest(prompt_tokens=[3, 4, 5], add_bos=False))
     ((_, opened),) = cycle.step([busy]).answers
@@ -305,8 +307,8 @@ def test_while_rounds_wait_a_prompts_tiled_part_goes_two_tiles_a_pass_and_answer
         sizes += [len(d) for d in runtime.decodes[-1:] if d[0].seq_id != opened.session.seq_id]
         if shared in answered:
             break
-    assert sizes == [2 * TILE, 2 * TILE, 2 * TILE, TILE, 1]
-    reference = runtime.reference_greedy(prompt, 5, 56)
+    assert sizes == [2 * TILE, 2 * TILE, 2 * TILE, 57 - 6 * TILE]  # the last never below a tile
+    reference = runtime.reference_greedy(prompt, 5, 57)
     for job in (alone, shared):
         session_id = job.session_id
         out = []
@@ -324,15 +326,15 @@ def test_idle_work_goes_a_piece_at_a_time_and_a_prompt_meanwhile_keeps_what_is_d
     prompt that takes it then answers as cold, and the plan is dropped."""
     runtime, engine = build()
     first = [2 + i % 50 for i in range(30)]
-    answer = answered(engine, first, 9)  # 38 cells, 24 tiled: again from 24, tiled to 32
-    assert engine.retile() == 8
+    answer = answered(engine, first, 30)  # 59 cells, 29 tiled: again from 29, to 59
+    assert engine.retile() == 2 * TILE
     (cached,) = engine.sessions.cached_prefixes.values()
-    assert len(cached.tokens) == 32 and cached.tiling == ((0, 32),)
+    assert len(cached.tokens) == 45 and cached.tiling == ((0, 45),)
     assert_consistent(runtime, engine)
-    second = [*first, *answer, 50]  # tiled to 32 as well: keeps the 32 cells there are
+    second = [*first, *answer, 50]  # all 60 evaluated tiled: keeps the 45 cells there are
     reused = open_session(engine, second)
-    assert reused.cached_tokens == 32
-    assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 32)
+    assert reused.cached_tokens == 45
+    assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, 60)
     assert engine.retile() == 0  # the prefix was taken: nothing left to do
     assert_consistent(runtime, engine)
 
@@ -342,9 +344,9 @@ def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_cold():
     as a reply, below the tile too: every cell is kept, with no idle work between. With
     replies read as any text (the setting off), only the first prompt's tiled part is."""
     words = [2 + i % 50 for i in range(28)]
-    for below, kept, tiling in ((True, 38, ((0, 24), (39, 55))), (False, 24, ((0, 56),))):
+    for below, kept, tiling in ((True, 38, ((0, 29), (39, 61))), (False, 29, ((0, 61),))):
         runtime, engine = build(OPENER, prompt_replies_below_tile=below)
-        first = [*words, *OPENER]  # 30 tokens, 29 evaluated: 24 tiled
+        first = [*words, *OPENER]  # 30 tokens, 29 evaluated: all tiled
         answer = answered(engine, first, 9)  # 38 cells cached
         assert EOS not in answer
         second = [*first, *answer, EOS, *words[:20], *OPENER]  # a reply at [30, 39)
