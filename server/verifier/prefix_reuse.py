@@ -64,7 +64,7 @@ class PrefixReuse:
         self._cached = OrderedDict((to if s == seq_id else s, p) for s, p in self._cached.items())
 
     def to_retile(self) -> tuple[int, int, Tiling] | None:
-        """A cached prefix whose cells are not what a prompt going on past its last tile
+        """A cached prefix whose cells are not what a prompt going on from it
         would write (the generated tokens of the session it was, outside a chat reply),
         most recently cached first: its seq id and `retile_plan`'s (start, tiling)."""
         cuts, plans = self.cuts, {}
