@@ -93,7 +93,7 @@ def describe_ready(engine: Engine) -> str:
     pinned += " and every row's logits" if shapes.pinned_logits else ""
     reuse = "on" if engine.prefix_cache else "off"
     tiled = (
-        f" ({engine.cuts.tile_rows} rows or more: past that, the rest below it)"
+        f" (stretches of {engine.cuts.tile_rows} tokens or more in passes of as many rows)"
         if engine.cuts.tile_rows
         else ""
     )

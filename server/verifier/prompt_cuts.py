@@ -167,8 +167,10 @@ def retile_plan(
     as a prompt that goes on from it would be: (start, tiling), its cells from `start`
     removed and evaluated again (from early enough to fill a tiled pass: tiled cells
     evaluated again come out the same); None when there is nothing to do. Only its last
-    stretch can want it (a reply is below the tile already), and only one of a tile or
-    more (a prompt going on from it tiles all of it; from a shorter one, maybe not)."""
+    stretch can want it (a reply is below the tile already), only one of a tile or more
+    (a prompt going on from it tiles all of it; from a shorter one, maybe not), and only
+    where a tile of cells or more differ (for fewer, a tiled pass would be spent on
+    what a next prompt going on far enough evaluates again within its own)."""
     n, opener = len(tokens), replies.opener
     found = stretches(tokens, n, replies) if tile_rows else []
     if not found or found[-1][1] != n or n - found[-1][0] < tile_rows:
@@ -177,5 +179,6 @@ def retile_plan(
         return None  # its last stretch is closed: a next prompt holds it whole, as cut
     last = found[-1][0]
     target = (*prompt_tiling(tokens, last, tile_rows, replies), (last, n))
-    start = reusable(n, cached, target, tile_rows)
-    return None if start >= n else (start, target)
+    if n - first_difference(cached, target, n) < tile_rows:
+        return None
+    return reusable(n, cached, target, tile_rows), target

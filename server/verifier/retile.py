@@ -1,11 +1,12 @@
-"""Idle work: a cached prefix evaluated again the way a prompt repeating it would be.
+"""Idle work: a cached prefix evaluated again the way a prompt going on from it would be.
 
 A session's generated tokens were rows of rounds (passes below the tile). A chat's next
 prompt holds them as a reply, below the tile too; but a prompt that goes on from them
 without a reply opener (a completion continued) holds them in its last stretch, which its
 cold evaluation tiles (prompt_cuts.py): reused as they are they would answer otherwise,
 so that prompt would keep only the cells before them. Evaluated again while the verifier
-has nothing else to do, they are kept whole. One piece at a time (two tiles at most), so
+has nothing else to do, they are kept (up to where what a next prompt has left to
+evaluate fills a tiled pass). One piece at a time (two tiles at most), so
 that a request that arrives meanwhile waits for one piece, never for a whole prefix:
 between pieces the cached prefix holds exactly the cells evaluated so far, and the plan
 (`Retiling`) goes on at the next idle moment, or is dropped if the prefix was taken,

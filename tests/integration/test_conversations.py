@@ -113,8 +113,7 @@ def test_a_conversation_reuses_both_caches_and_says_exactly_what_it_says_without
     tile = httpx.get(f"{live_verifier.url}/info").json()["prompt_tile_rows"]
     for before, turn in itertools.pairwise(with_reuse):
         # The earlier turn's prompt (and most of its answer) came from the caches; with
-        # tiled prompts, at least its tiled part (its answer too once the verifier, idle,
-        # evaluated it again as a prompt's: docs/numerics.md).
+        # tiled prompts, all but a tile at worst (docs/numerics.md).
         cached = turn.usage.prompt_tokens_details.cached_tokens
         assert before.usage.prompt_tokens - 2 * tile <= cached < turn.usage.prompt_tokens
         draft_cached = turn.model_extra["speculative"]["draft_cached_tokens"]

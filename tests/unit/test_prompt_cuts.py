@@ -141,13 +141,14 @@ def test_what_a_prompt_keeps_of_a_cached_prefix_is_the_most_brute_force_allows()
     assert reusable(30, (), ((0, 64),), 0) == 30  # nothing tiled: everything shared is kept
 
 
-def test_a_cached_prefix_is_evaluated_again_whole_from_a_tile_before_its_end_at_least():
+def test_a_cached_prefix_is_evaluated_again_whole_where_a_tile_of_cells_or_more_differ():
     text = list(range(2, 60)) * 4
     assert retile_plan(text[:38], ((0, 24),), 8) == (24, ((0, 38),))
     assert retile_plan(text[:38], ((0, 38),), 8) is None  # done already
     assert retile_plan(text[:130], (), 64) == (0, ((0, 130),))
-    # What is left to evaluate fills a tiled pass: from a tile before the end.
-    assert retile_plan(text[:200], ((0, 160),), 64) == (136, ((0, 200),))
+    assert retile_plan(text[:200], ((0, 130),), 64) == (130, ((0, 200),))
+    # Fewer than a tile differ: a tiled pass would be spent on them; left as they are.
+    assert retile_plan(text[:200], ((0, 160),), 64) is None
     assert retile_plan(text[:63], (), 64) is None  # a prompt going on from it may not tile it
     assert retile_plan(text[:200], ((0, 190),), 0) is None
     # A chat's answer is a reply: below the tile already, nothing to do.
@@ -157,7 +158,9 @@ def test_a_cached_prefix_is_evaluated_again_whole_from_a_tile_before_its_end_at_
     later = [*first, *text[:5], EOS, *text[:31]]  # its last stretch: [36, 68)
     tiling = prompt_tiling(later, len(later), 8, REPLIES)
     assert tiling == ((0, 30), (36, 67))
-    assert retile_plan(later, tiling, 8, REPLIES) == (60, ((0, 30), (36, 68)))
+    assert retile_plan(later, tiling, 8, REPLIES) is None  # one cell differs: left
+    generated = [*later, *text[:10]]  # its last stretch goes on with generated tokens
+    assert retile_plan(generated, tiling, 8, REPLIES) == (67, ((0, 30), (36, 78)))
     assert retile_plan([*later[:-2], *OPENER], tiling, 8, REPLIES) is None  # closed: as cut
 
 
@@ -353,7 +356,10 @@ def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_cold():
         assert engine.cuts.tiling(second, len(second)) == tiling
         reused = open_session(engine, second)
         assert reused.cached_tokens == kept
-        assert decode(engine, reused.session_id, 6) == runtime.reference_greedy(second, 6, tiling)
+        # A tile's worth of answer or more: read as text, it differs from what a prompt
+        # going on would tile in that many cells.
+        got = decode(engine, reused.session_id, 2 * TILE)
+        assert got == runtime.reference_greedy(second, 2 * TILE, tiling)
         assert_consistent(runtime, engine)
         engine.sessions.delete(reused.session_id)
         # Below the tile, a reply needs no idle work; read as text, it gets it.
