@@ -41,6 +41,9 @@ class Drafter:
     # without a draft leave behind).
     warms: bool = False
     catches_up: bool = False
+    # Whether its drafts come from a lookup as well as a model: the draft length, which
+    # prices the model's drafts, then learns from the model's rounds alone.
+    mixes_kinds: bool = False
 
     def get_candidates(
         self, committed: Sequence[int], k: int, stop: Callable[[], bool] | None = None

@@ -88,6 +88,7 @@ class ModelWithLookup(Drafter):
     costs nothing to make when its answer comes."""
 
     catches_up = True
+    mixes_kinds = True
 
     def __init__(self, lookup: Drafter, model: Drafter):
         self.lookup = lookup

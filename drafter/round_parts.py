@@ -18,8 +18,8 @@ def count_round(
     generated: int,
     lookup: bool,
 ) -> None:
-    """The round in the generation's counts (`lookup`: a lookup's draft, sent where the
-    draft model stepped aside)."""
+    """The round in the generation's counts (`lookup`: a lookup's draft where a model
+    drafts beside it)."""
     drafted, accepted = len(draft.tokens), verdict.accepted_prefix_len
     stats.count_round(drafted, accepted, draft.reused, len(verdict.tokens))
     if lookup:

@@ -24,8 +24,10 @@ class GenerationStats:
     rounds_without_draft: int = 0
     tokens_without_draft: int = 0
     reused_drafts: int = 0  # draft tokens made while the previous round was in flight
-    # Of the drafted rounds, those of a lookup's draft sent where the draft model stepped
-    # aside (drafter/lookup_gate.py): rounds, tokens drafted and accepted.
+    # Of the drafted rounds, those of a lookup's draft where a model drafts beside it
+    # (model+ngram, model+suffix): sent where the model stepped aside
+    # (drafter/lookup_gate.py) or found before the model drafted; rounds, tokens drafted
+    # and accepted.
     lookup_rounds: int = 0
     lookup_drafted: int = 0
     lookup_accepted: int = 0
@@ -76,7 +78,7 @@ class GenerationStats:
         self.rounds_by_draft_len[drafted] = self.rounds_by_draft_len.get(drafted, 0) + 1
 
     def count_lookup(self, drafted: int, accepted: int) -> None:
-        """Of the rounds counted, one of a lookup's draft where the model stepped aside."""
+        """Of the rounds counted, one of a lookup's draft where a model drafts beside it."""
         self.lookup_rounds += 1
         self.lookup_drafted += drafted
         self.lookup_accepted += accepted

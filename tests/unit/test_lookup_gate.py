@@ -110,3 +110,43 @@ def test_lookups_that_lose_rest_and_the_output_is_unchanged():
     assert stats.lookup_accepted == 0
     # Without the gate every round would carry the wrong lookup.
     assert 2 <= stats.lookup_rounds <= 5 < stats.rounds_without_draft
+
+
+class RecordingLength(LinkAwareLength):
+    """The model's draft length, recording the rounds it learns from."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.learned: list[tuple[int, int]] = []
+
+    def update(self, drafted: int, accepted_prefix_len: int) -> None:
+        self.learned.append((drafted, accepted_prefix_len))
+        super().update(drafted, accepted_prefix_len)
+
+
+class MarkedLookup(SpanLookup):
+    """SpanLookup's spans, wrong ones, marked as a lookup's drafts are."""
+
+    def get_candidates(self, committed: Sequence[int], k: int, stop=None) -> Draft:
+        if (len(committed) // 40) % 2:
+            return Draft([], None)
+        return Draft([self.verifier.target(committed) + 100] * k, None, lookup=True)
+
+
+def test_a_lookup_found_before_the_model_drafts_is_counted_as_one_and_not_learned_from():
+    """Where the model drafts, a lookup's draft found first goes instead of the model's:
+    its round is a lookup's (counted so), and the model's length, which prices the
+    model's drafts, learns from the model's rounds alone (the lookups here all miss, the
+    model's drafts never)."""
+    clock = Clock()
+    verifier = TimedVerifier(clock, 1.0, advice=lambda i: 4)  # the model drafts
+    length = RecordingLength(maximum=8, max_chunk=64, watched=True)
+    drafter = ModelWithLookup(MarkedLookup(verifier), TimedDrafter(verifier, clock))
+    loop = SpeculativeLoop(drafter, verifier, draft_n=length, n_ctx=10_000, clock=clock)
+    _, result = run(loop, [5, 6, 7], 300)
+    assert result.tokens == target_alone([5, 6, 7], 300, FakeVerifier())
+    stats = result.stats
+    assert stats.lookup_rounds > 5 and stats.lookup_accepted == 0
+    model_rounds = [(d, a) for d, a in length.learned if d]
+    assert model_rounds and all(a == d for d, a in model_rounds)  # the lookups' misses not in
+    assert stats.drafted - stats.lookup_drafted == sum(d for d, _ in model_rounds)
