@@ -235,8 +235,7 @@ class SpeculativeLoop:
             timing = round_timing(draft, verdict, draft_s, round_trip_s)
             if self.lookups is not None:
                 self.lookups.answered(looked_up, draft, len(verdict.tokens), timing.seconds)
-            # A lookup's round, whether sent where the model stepped aside or found ahead
-            # of the model's draft: counted as one, and not what the model's length learns.
+            # A lookup's round, gated or found before the model's: not what its length learns.
             lookup = looked_up is not None or (draft.lookup and self.drafter.mixes_kinds)
             yield self._commit(committed, draft, verdict, timing, lookup=lookup)
             if verdict.eos:

@@ -4,12 +4,15 @@ app sends it (the whole history every turn): a table, not a test.
 
 A long first message, then short follow-ups. Per turn: prompt tokens, the tokens the
 verifier reused (`usage.prompt_tokens_details.cached_tokens`) and the draft model found
-in its own cache, time to first token, and tokens/s after it. Four verifier setups, one
+in its own cache, time to first token, and tokens/s after it. Five verifier setups, one
 after the other in the same run:
 
 - tiled (the default): each stretch of a prompt between the model's earlier answers
-  with at least 64 tokens in passes of 64 rows or more (up to n_batch), shorter ones and
-  the answers in passes of fewer; prompt reuse on (docs/numerics.md);
+  with at least 64 tokens in passes of 64 rows or more (up to n_batch), a shorter one
+  in one pass padded to 64 rows where that costs less than its rows below the tile (late
+  in a long chat), the others and the answers in passes of fewer; prompt reuse on
+  (docs/numerics.md);
+- short stretches below the tile: `VERIFIER_PROMPT_PAD=off`, no stretch padded;
 - answers as text: `VERIFIER_PROMPT_REPLIES_BELOW_TILE=false`, the whole prompt one
   stretch (its earlier answers tiled too);
 - 48-token chunks: `VERIFIER_PROMPT_TILE_ROWS=0`, every prompt cut into chunks below the
@@ -67,6 +70,7 @@ TURNS = [
 FRESH = "Say hello."
 SETUPS = {
     "tiled (default)": {},
+    "short stretches below the tile": {"PROMPT_PAD": "off"},
     "answers as text": {"PROMPT_REPLIES_BELOW_TILE": "false"},
     "48-token chunks": {"PROMPT_TILE_ROWS": "0"},
     "reuse off, same cuts": {"PREFIX_CACHE": "false", "PROMPT_CHUNK": "{chunk}"},

@@ -88,7 +88,9 @@ class ReferenceDecoder:
     Independent of the engine's code, but in the engine's configuration (flash attention
     on, prompts cut where the engine cuts them): see docs/numerics.md. With `tile_rows`
     (/info.prompt_tile_rows), a prompt's tokens but the last go in passes of at least
-    `tile_rows` rows where they fill one, and in passes of fewer where they do not.
+    `tile_rows` rows where they fill one, and in passes of fewer where they do not; a
+    tiled span shorter than a tile (a chat's short stretch) goes in one pass padded to
+    `tile_rows` rows with the end-of-text token, the padding's cells removed after.
     """
 
     def __init__(self, model: Path, prompt_chunk: int = 512, tile_rows: int = 0):
@@ -145,8 +147,15 @@ class ReferenceDecoder:
         # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
+        tiled = spans if spans is not None else [(0, len(prompt_ids) - 1)]
         for piece in self.pieces(len(prompt_ids) - 1, spans):
-            self.llm.eval(prompt_ids[piece])
+            tokens = prompt_ids[piece]
+            short = any(s <= piece.start < e for s, e in tiled) and len(tokens) < self.tile_rows
+            padding = self.tile_rows - len(tokens) if short else 0
+            self.llm.eval([*tokens, *[self.llm.token_eos()] * padding])
+            # Llama.eval removes the cells from n_tokens on before it evaluates: the
+            # padding's cells go with the next eval.
+            self.llm.n_tokens -= padding
         self.llm.eval(prompt_ids[-1:])
         out: list[int] = []
         processors = None

@@ -362,6 +362,9 @@ class InfoResponse(ResponseModel):
     prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
     prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
     prompt_tile_rows: int = Field(0, description="> 0: prompts tiled, >= this many rows a pass")
+    prompt_pad: str = Field(
+        "off", description="shorter stretches padded to a tiled pass: auto, always or off"
+    )
     prefix_cache: bool = Field(False, description="ended sessions' prompts kept and reused")
     lookup_drafts: bool = Field(False, description="rounds may say draft_kind 'lookup'")
     strategies: dict[str, bool] = Field(

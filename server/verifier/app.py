@@ -43,11 +43,13 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 def build_engine(settings: VerifierSettings) -> Engine:
     # Each sequence has room past its context for the widest pass (a padded round, filler
-    # rows), and one llama_decode holds a pass of every sequence at that width.
+    # rows, a prompt's stretch padded to a tile), and one llama_decode holds a pass of
+    # every sequence at a round's width.
     widest = max(settings.max_draft + 1, settings.pin_width)
+    padded = settings.prompt_tile_rows if settings.prompt_pad != "off" else 0
     runtime = LlamaRuntime(
         settings.model_path,
-        n_ctx_per_seq=settings.n_ctx + widest,
+        n_ctx_per_seq=settings.n_ctx + max(widest, padded),
         n_seq_max=settings.max_sessions,
         n_batch=max(settings.n_batch, settings.max_sessions * widest),
         n_threads=settings.n_threads,
@@ -93,7 +95,8 @@ def describe_ready(engine: Engine) -> str:
     pinned += " and every row's logits" if shapes.pinned_logits else ""
     reuse = "on" if engine.prefix_cache else "off"
     tiled = (
-        f" (stretches of {engine.cuts.tile_rows} tokens or more in passes of as many rows)"
+        f" (stretches of {engine.cuts.tile_rows} tokens or more in passes of as many rows"
+        + (f"; shorter ones padded to it: {engine.cuts.pad})" if engine.cuts.pad != "off" else ")")
         if engine.cuts.tile_rows
         else ""
     )

@@ -91,12 +91,19 @@ class PassDecoder:
         return self.decode(jobs, shapes).outcomes
 
     def evaluate_prompt(
-        self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
+        self,
+        seq_id: int,
+        tokens: Sequence[int],
+        start: int,
+        chunk: int,
+        shapes: PassShapes,
+        min_rows: int = 0,
     ) -> None:
-        """`tokens` into sequence `seq_id` from `start`, `chunk` at a time (the probe)."""
+        """`tokens` into sequence `seq_id` from `start`, `chunk` at a time, each pass
+        padded to `min_rows` (the probe)."""
         for offset in range(0, len(tokens), chunk):
             piece = tokens[offset : offset + chunk]
-            self.decode_jobs([JobRows(seq_id, start + offset, piece, False)], shapes)
+            self.decode_jobs([JobRows(seq_id, start + offset, piece, False, min_rows)], shapes)
 
     def _decode_pass(
         self, jobs: Sequence[JobRows], plan: PassPlan
@@ -132,7 +139,7 @@ class PassDecoder:
 
 def _own_plan(job: JobRows, shapes: PassShapes) -> PassPlan:
     """A job's pass on its own: a round as the planner shapes one; a prompt chunk alone,
-    as long as it is (unless shapes are pinned)."""
+    as long as it is or padded to its `min_rows` (unless shapes are pinned)."""
     if job.logits or shapes.pinned_width:
         return shapes.plan({job.seq_id: len(job.tokens)})[0]
-    return PassPlan(job.seq_id, job.seq_id, len(job.tokens), (job.seq_id,))
+    return PassPlan(job.seq_id, job.seq_id, max(len(job.tokens), job.min_rows), (job.seq_id,))

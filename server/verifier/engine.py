@@ -104,7 +104,7 @@ class Engine:
         if reuse and not (report.batch_invariant and report.prefill_chunk_invariant):
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
         self.prompt_chunk = report.prompt_chunk
-        self.cuts = engine_cuts(runtime, report, settings.prompt_replies_below_tile)
+        self.cuts = engine_cuts(runtime, report, settings)
         self.retiler = Retiler(self.cuts)
         # What a pass of rounds costs, learned from those it runs: the draft length advised.
         # Pinned, every pass computes every row of every sequence: rows are free there.
@@ -224,10 +224,7 @@ class Engine:
         """Decode the rounds and the next chunk of each prompt, shaped into passes; each
         job finished or undone. `interleaved`: rounds wait for the prompts' turn to end."""
         jobs = [JobRows(w.session.seq_id, w.start, w.tokens, True) for w in rounds]
-        for work in prompts:
-            n = self.cuts.piece(work.evaluated, work.tiling, len(work.to_evaluate), interleaved)
-            chunk = work.to_evaluate[work.evaluated : work.evaluated + n]
-            jobs.append(JobRows(work.session.seq_id, work.evaluated, chunk, False))
+        jobs += [work.next_rows(self.cuts, interleaved) for work in prompts]
         works: list[Work] = [*rounds, *prompts]
         decoded = self.decoder.decode(jobs, self.shapes, tolerate=True)
         for record in decoded.passes:
@@ -360,6 +357,7 @@ def engine_info(engine: Engine) -> InfoResponse:
         prefill_chunk_max_diff=report.prefill_chunk_max_diff,
         prompt_chunk=engine.prompt_chunk,
         prompt_tile_rows=engine.cuts.tile_rows,
+        prompt_pad=engine.cuts.pad,
         prefix_cache=engine.prefix_cache,
         lookup_drafts=True,
         strategies={s: engine.lossless(s) for s in LOSSLESS},

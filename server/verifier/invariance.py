@@ -41,6 +41,7 @@ from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
 from server.verifier.prompt_probe import (
     chunking_difference,
+    padded_difference,
     tiled_cuts_difference,
 )
 from server.verifier.settings import VerifierSettings
@@ -88,6 +89,7 @@ class InvarianceReport:
     prefill_chunk_max_diff: float = 0.0
     prompt_chunk: int = 0  # the chunk length those two describe
     prompt_tile_rows: int = 0  # > 0: prompts' tiled parts go in passes of this many rows or more
+    prompt_padded: bool = False  # a tiled pass padded to prompt_tile_rows gives the same numbers
     pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
     # Passes timed, (rows, seconds): a session's round alone of one row and of a short
     # draft, and every sequence's round in one pass.
@@ -231,6 +233,7 @@ def probe(
                     prefill_chunk_max_diff=0.0,
                     prompt_chunk=chunks[0],
                     prompt_tile_rows=tile_rows,
+                    prompt_padded=padded_difference(target, shapes, tile_rows, long_ids) == 0.0,
                 )
         for chunk in chunks[1:]:
             if diffs[-1] == 0.0:

@@ -11,7 +11,7 @@ import numpy as np
 
 from server.shared.protocol import PrefillResponse
 from server.verifier.copy_draft import Copy
-from server.verifier.prompt_cuts import Tiling
+from server.verifier.prompt_cuts import PromptCuts, Tiling
 from server.verifier.sessions import Reservation, Session
 
 
@@ -30,6 +30,14 @@ class PrefillWork:
     @property
     def remaining(self) -> int:
         return len(self.to_evaluate) - self.evaluated
+
+    def next_rows(self, cuts: PromptCuts, interleaved: bool) -> JobRows:
+        """Its next piece, as `cuts` cut it (`interleaved`: while rounds wait), with the
+        rows its pass is padded to."""
+        n = cuts.piece(self.evaluated, self.tiling, len(self.to_evaluate), interleaved)
+        piece = self.to_evaluate[self.evaluated : self.evaluated + n]
+        rows = cuts.pass_rows(self.evaluated, self.tiling)
+        return JobRows(self.session.seq_id, self.evaluated, piece, False, rows)
 
 
 @dataclass(eq=False)
@@ -68,9 +76,11 @@ class Opened:
 @dataclass(frozen=True, slots=True)
 class JobRows:
     """A job's rows in a pass: `tokens` of sequence `seq_id` from position `start`, with
-    their logits (a round) or without (a prompt chunk)."""
+    their logits (a round) or without (a prompt chunk); a prompt chunk's pass padded to
+    `min_rows` rows of its sequence (the padding's cells removed after)."""
 
     seq_id: int
     start: int
     tokens: Sequence[int]
     logits: bool
+    min_rows: int = 0

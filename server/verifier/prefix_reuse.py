@@ -73,7 +73,9 @@ class PrefixReuse:
             if known is not None and known[0] is prefix:
                 plans[seq_id] = known
             else:
-                plan = retile_plan(prefix.tokens, prefix.tiling, cuts.tile_rows, cuts.replies)
+                plan = retile_plan(
+                    prefix.tokens, prefix.tiling, cuts.tile_rows, cuts.replies, cuts.pad
+                )
                 plans[seq_id] = prefix, plan
         self._plans = plans
         for seq_id in reversed(self._cached):

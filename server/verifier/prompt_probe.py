@@ -23,7 +23,13 @@ class PromptTarget(Protocol):
     def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
 
     def evaluate_prompt(
-        self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
+        self,
+        seq_id: int,
+        tokens: Sequence[int],
+        start: int,
+        chunk: int,
+        shapes: PassShapes,
+        min_rows: int = 0,
     ) -> None: ...
 
     def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...
@@ -65,11 +71,30 @@ def tiled_cuts_difference(
     return largest_difference(target, shapes, ids, [whole, [c for c in cut if c]])
 
 
+def padded_difference(
+    target: PromptTarget, shapes: PassShapes, tile_rows: int, text_ids: Sequence[int]
+) -> float:
+    """A tiled stretch after a tile's cells, in one pass, against the same stretch in two
+    passes shorter than a tile, each padded to one (the padding's cells removed after):
+    the padding must change nothing, neither in the rows padded nor in what follows."""
+    n = 2 * tile_rows + 3
+    if n >= len(text_ids) or n + tile_rows > target.n_ctx_per_seq:
+        return math.inf  # no text or no room to check it with: not taken
+    short = tile_rows // 2 + 1
+    cuts = [[tile_rows, n - tile_rows], [tile_rows, short, n - tile_rows - short]]
+    return largest_difference(target, shapes, text_ids[: n + 1], cuts, min_rows=tile_rows)
+
+
 def largest_difference(
-    target: PromptTarget, shapes: PassShapes, ids: Sequence[int], cuts: Sequence[Sequence[int]]
+    target: PromptTarget,
+    shapes: PassShapes,
+    ids: Sequence[int],
+    cuts: Sequence[Sequence[int]],
+    min_rows: int = 0,
 ) -> float:
     """The next token's logits after `ids` but its last, that prompt evaluated in passes
-    of each list of `cuts`, against the first list's: the largest difference."""
+    of each list of `cuts` (each padded to `min_rows`), against the first list's: the
+    largest difference."""
     *prompt, last = ids
     n = len(prompt)
     rows = []
@@ -77,7 +102,8 @@ def largest_difference(
         target.remove(0, -1)
         start = 0
         for size in sizes:
-            target.evaluate_prompt(0, prompt[start : start + size], start, size, shapes)
+            piece = prompt[start : start + size]
+            target.evaluate_prompt(0, piece, start, size, shapes, min_rows)
             start += size
         assert start == n, "the cuts must cover the prompt"
         rows.append(target.decode_jobs([JobRows(0, n, [last], True)], shapes)[0][0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from server.shared.runtime import LlamaRuntime
 from server.verifier.invariance import InvarianceReport
 from server.verifier.prompt_cuts import PromptCuts, Replies
+from server.verifier.settings import VerifierSettings
 
 
 def model_replies(runtime: LlamaRuntime, on: bool = True) -> Replies:
@@ -18,6 +19,11 @@ def model_replies(runtime: LlamaRuntime, on: bool = True) -> Replies:
     return Replies(opener, ends) if opener and ends else Replies()
 
 
-def engine_cuts(runtime: LlamaRuntime, report: InvarianceReport, replies_on: bool) -> PromptCuts:
-    replies = model_replies(runtime, replies_on)
-    return PromptCuts(report.prompt_chunk, report.prompt_tile_rows, replies)
+def engine_cuts(
+    runtime: LlamaRuntime, report: InvarianceReport, settings: VerifierSettings
+) -> PromptCuts:
+    """The probe's verdict, the settings' replies and padding (where the probe found padded
+    passes exact)."""
+    replies = model_replies(runtime, settings.prompt_replies_below_tile)
+    pad = settings.prompt_pad if report.prompt_padded else "off"
+    return PromptCuts(report.prompt_chunk, report.prompt_tile_rows, replies, pad)

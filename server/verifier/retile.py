@@ -59,7 +59,8 @@ class Retiler:
         cached = sessions.cached_prefixes[plan.seq_id]
         done = len(cached.tokens)
         n = self.cuts.piece(done, plan.tiling, len(plan.tokens), interleaved=True)
-        piece = JobRows(plan.seq_id, done, plan.tokens[done : done + n], False)
+        rows = self.cuts.pass_rows(done, plan.tiling)
+        piece = JobRows(plan.seq_id, done, plan.tokens[done : done + n], False, rows)
         try:
             decoder.decode([piece], shapes)
         except Exception:

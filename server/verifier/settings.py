@@ -125,6 +125,14 @@ class VerifierSettings(BaseSettings):
         "text: a name renamed), a step looks for its last two tokens just past where the text left "
         "the source, and copies on from there (server/verifier/copy_draft.py); 0 = never",
     )
+    prompt_pad: Literal["auto", "always", "off"] = Field(
+        "auto",
+        description="with tiled prompts, a stretch shorter than a tile (a chat's next message, "
+        "a tool's result) goes tiled in one pass padded to prompt_tile_rows rows, the padding "
+        "removed after, if the startup probe finds that exact: auto = where that costs less "
+        "than its rows below the tile (the longer the context, the shorter the stretch), "
+        "always, or off (docs/numerics.md)",
+    )
     prompt_replies_below_tile: bool = Field(
         True,
         description="with tiled prompts, the model's earlier replies in a chat prompt (after "

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from scripts.harness.metrics import Metrics
-from server.verifier.prompt_cuts import prompt_tiling, retile_plan
+from server.verifier.prompt_cuts import Replies, prompt_tiling, retile_plan
 
 TEXT = (
     "A verifier keeps one cache per session. When the session ends, its cache stays "
@@ -122,4 +122,43 @@ def test_a_chats_next_turn_sent_at_once_keeps_its_answer_and_answers_as_the_refe
 
     reply_end = len(first) + len(reply)
     spans = [*tiled(0, len(first)), *tiled(reply_end, len(second))]
+    assert got == reference.greedy(second, MAX_TOKENS, spans=spans)
+
+
+def test_a_short_next_message_late_in_a_chat_goes_padded_to_a_tile_and_answers_as_the_reference(
+    live_verifier, reference
+):
+    """A next message a few words long after a long first turn: below the tile its rows'
+    attention would each run over the whole context, so it goes in one tiled pass padded
+    to a tile (the padding's cells removed after). The next turn keeps every earlier cell
+    and answers as llama-cpp-python's decoder given the prompt cut and padded alike."""
+    url = live_verifier.url
+    info = httpx.get(f"{url}/info", timeout=30).json()
+    tile = info["prompt_tile_rows"]
+    assert info["prompt_pad"] == ("auto" if tile else "off")
+    llm = reference.llm
+
+    def tokens(text: str) -> list[int]:
+        return llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    opener = tokens("<|im_start|>assistant\n")
+    first = tokens(f"<|im_start|>user\n{TEXT}<|im_end|>\n<|im_start|>assistant\n")
+    cached, answer = session_greedy(url, first, 8)
+    end = tokens("<|im_end|>")
+    reply = answer[:-1] if answer[-1] == end[0] else answer
+    question = (
+        "\n<|im_start|>user\nSay it again in fewer words, and keep the cache part.<|im_end|>\n"
+    )
+    second = [*first, *reply, *end, *tokens(f"{question}<|im_start|>assistant\n")]
+    spans = prompt_tiling(
+        second, len(second), tile, Replies(tuple(opener), frozenset(reference.eog_ids)), "auto"
+    )
+    if tile:  # the new stretch, short of a tile, goes tiled (padded): the case under test
+        assert spans[-1][0] == len(first) + len(reply) and spans[-1][1] - spans[-1][0] < tile
+    shaping = Metrics.scrape(url).value("verifier_shaping_rows_total", kind="prompt")
+    cached, got = session_greedy(url, second, MAX_TOKENS)
+    assert cached == len(first) + len(answer) - 1  # every cell of the first session
+    padding = tile - (spans[-1][1] - spans[-1][0]) if tile else 0
+    after = Metrics.scrape(url).value("verifier_shaping_rows_total", kind="prompt")
+    assert after - shaping == padding
     assert got == reference.greedy(second, MAX_TOKENS, spans=spans)

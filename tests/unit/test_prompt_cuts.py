@@ -5,13 +5,16 @@ next turn, sent at once, keeping its earlier answers."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from server.verifier.engine import Engine, engine_info
 from server.verifier.prompt_cuts import (
+    PromptCuts,
     Replies,
     next_piece,
+    pads,
     prompt_tiling,
     retile_plan,
     reusable,
@@ -38,6 +41,32 @@ def test_a_stretch_is_tiled_whole_where_it_fills_a_tile_and_not_at_all_below_one
     # the first round's row, below the tile).
     assert prompt_tiling(list(range(2, 40)), 38, 8) == ((0, 37),)
     assert prompt_tiling(list(range(2, 40)), 38, 0) == ()
+
+
+def test_a_shorter_stretch_is_padded_to_a_tile_where_that_costs_less_the_later_it_starts():
+    # Below the tile a row's attention runs over the whole context: the later a stretch
+    # starts, the fewer rows it takes for a padded tiled pass to cost less.
+    fewest = [min((r for r in range(1, 64) if pads(s, r, 64, "auto")), default=None)
+              for s in (0, 100, 500, 1000, 2000, 8000)]  # fmt: skip
+    assert fewest[0] is None  # at the start, a tile costs more than 63 rows below it
+    assert all(a > b for a, b in itertools.pairwise(fewest[1:]))
+    # Never fewer than a few rows, however long the context: a tile's work grows with it too.
+    assert fewest[-1] > 4 and fewest[3] <= 16 <= fewest[2] <= 24 <= fewest[1] < 64
+    assert all(pads(0, r, 64, "always") and not pads(5000, r, 64, "off") for r in range(1, 64))
+    # A stretch's tiled part: whole where padded, as where it fills a tile.
+    assert [tiled_end(n + 1, 64, 1000, "auto") for n in (0, 5, 20, 70)] == [0, 0, 20, 70]
+    assert [tiled_end(n + 1, 64, 1000, "always") for n in (0, 1, 5)] == [0, 1, 5]
+    assert tiled_end(21, 64, 1000, "off") == 0 and tiled_end(21, 0, 1000, "always") == 0
+    # The next prompt holds the stretch as cut: the rule reads only where it starts and
+    # how long it is.
+    words = [2 + i % 50 for i in range(1000)]
+    later = [*words[:990], *OPENER, 5, 6, EOS, *words[:20], *OPENER]  # last: [994, 1017)
+    tiling = prompt_tiling(later, len(later), 64, REPLIES, "auto")
+    assert tiling == ((0, 991), (994, 1016))
+    assert prompt_tiling(later, len(later), 64, REPLIES, "off") == ((0, 991),)
+    cuts = PromptCuts(512, 64, REPLIES, "auto")
+    assert cuts.piece(994, tiling, 1016) == 22 and cuts.pass_rows(994, tiling) == 64
+    assert cuts.pass_rows(991, tiling) == 0  # the reply opener's, below the tile
 
 
 def chat(rng: random.Random, turns: int, tile: int) -> list[int]:
@@ -91,9 +120,10 @@ def test_pieces_fill_each_tiled_span_in_passes_of_a_tile_or_more_the_rest_below(
         tile = rng.choice((4, 8, 64))
         size = rng.randint(2 * tile, 8 * tile)
         tokens = chat(rng, rng.randint(0, 3), tile)
-        tiling = prompt_tiling(tokens, len(tokens), tile, rng.choice((REPLIES, Replies())))
+        replies, pad = rng.choice((REPLIES, Replies())), rng.choice(("auto", "always", "off"))
+        tiling = prompt_tiling(tokens, len(tokens), tile, replies, pad)
         total = len(tokens) - 1
-        done = rng.choice([0, *(rng.randint(s, e - tile) for s, e in tiling)])
+        done = rng.choice([0, *(rng.randint(s, max(s, e - tile)) for s, e in tiling)])
         pieces = []
         while done < total:
             n = next_piece(done, tiling, total, size, tile - 1, tile)
@@ -103,7 +133,10 @@ def test_pieces_fill_each_tiled_span_in_passes_of_a_tile_or_more_the_rest_below(
             assert n > 0
             span = span_at(tiling, start)
             if span is not None:  # a tiled pass: never below a tile, never across its end
-                assert tile <= n <= size and start + n <= span[1]
+                # (a span shorter than a tile: whole, its pass padded)
+                short = span[1] - span[0] < tile
+                assert n == span[1] - span[0] if short else tile <= n <= size
+                assert start + n <= span[1]
             else:  # below the tile, never into a span
                 assert n < tile and all(span_at(tiling, p) is None for p in range(start, start + n))
 
@@ -124,17 +157,17 @@ def test_what_a_prompt_keeps_of_a_cached_prefix_is_the_most_brute_force_allows()
     rng = random.Random(11)
     for _ in range(3000):
         tile = rng.choice((2, 4, 8))
-        replies = rng.choice((REPLIES, Replies()))
+        replies, pad = rng.choice((REPLIES, Replies())), rng.choice(("auto", "always", "off"))
         tokens = chat(rng, rng.randint(0, 3), tile)
         cells = rng.randint(0, len(tokens))
         cached = rng.choice(
             (
                 (),
                 ((0, cells),) if cells >= tile else (),
-                prompt_tiling(tokens, cells, tile, replies),
+                prompt_tiling(tokens, cells, tile, replies, rng.choice(("always", pad))),
             )
         )
-        prompt = prompt_tiling(tokens, len(tokens), tile, replies)
+        prompt = prompt_tiling(tokens, len(tokens), tile, replies, pad)
         common = rng.randint(0, cells)
         want = brute_force_kept(common, cached, prompt, tile)
         assert reusable(common, cached, prompt, tile) == want
@@ -198,7 +231,7 @@ def decode(engine: Engine, session_id: str, n: int, owner: str = "a") -> list[in
 def test_the_probe_finds_tiled_prompts_exact_and_a_cold_prompt_goes_tiled_whole():
     runtime, engine = build()
     info = engine_info(engine)
-    assert info.prompt_tile_rows == TILE and info.prompt_chunk == 64
+    assert info.prompt_tile_rows == TILE and info.prompt_chunk == 64 and info.prompt_pad == "auto"
     assert info.prefill_chunk_invariant and info.prefix_cache and info.batch_invariant
     prompt = [2 + i % 50 for i in range(30)]  # 29 evaluated: all tiled, in one pass
     before = len(runtime.decodes)
@@ -370,20 +403,24 @@ def test_chats_of_every_length_sent_at_once_keep_every_earlier_cell_and_answer_a
     runtime, engine = build(OPENER)
     rng = random.Random(4)
     histories: dict[str, list[int]] = {"a": [], "b": []}
+    padded = 0
     for _ in range(30):
         owner = rng.choice("ab")
         history = histories[owner] if len(histories[owner]) < 150 else []
-        words = [2 + rng.randrange(50) for _ in range(rng.randint(1, 30))]
+        length = rng.choice((rng.randint(1, 6), rng.randint(1, 30)))  # some short of a tile
+        words = [2 + rng.randrange(50) for _ in range(length)]
         prompt = [*history, *([EOS] if history and history[-1] != EOS else []), *words, *OPENER]
         response = open_session(engine, prompt, owner)
         assert response.cached_tokens == max(0, len(history) - 1)  # every cell there is
         n = rng.randint(1, 12)
         answer = decode(engine, response.session_id, n, owner)
-        tiling = prompt_tiling(prompt, len(prompt), TILE, REPLIES)
+        tiling = prompt_tiling(prompt, len(prompt), TILE, REPLIES, "auto")
+        padded += sum(e - s < TILE for s, e in tiling)
         assert answer == runtime.reference_greedy(prompt, n, tiling)
         engine.sessions.delete(response.session_id)
         histories[owner] = [*prompt, *answer]
         assert_consistent(runtime, engine)
+    assert padded > 0  # short stretches late in a chat went padded to a tile
 
 
 def test_a_reopened_chat_session_goes_on_exactly():
@@ -393,3 +430,30 @@ def test_a_reopened_chat_session_goes_on_exactly():
     reopened = open_session(engine, [*prompt, *whole[:6]], generated=6)
     assert decode(engine, reopened.session_id, 8) == whole[6:14]
     assert_consistent(runtime, engine)
+
+
+def test_a_short_next_message_late_in_a_chat_goes_in_one_pass_padded_to_a_tile():
+    """Its stretch (the end of turn, three words, the opener: five rows to evaluate) is
+    short of a tile; that late in the chat a tiled pass padded to a tile costs less than
+    its rows below it. One pass of TILE rows, the padding's cells gone after it; the
+    answer as the reference's with that stretch tiled; with padding off, below the tile
+    (with the answer's last token, which the session left unevaluated)."""
+    words = [2 + i % 50 for i in range(150)]
+    for pad, passes in (("auto", [1, TILE]), ("off", [1 + 5])):
+        runtime, engine = build(OPENER, prompt_pad=pad)
+        assert engine_info(engine).prompt_pad == pad
+        first = [*words, *OPENER]
+        answer = answered(engine, first, 6)
+        assert EOS not in answer
+        second = [*first, *answer, EOS, 7, 8, 9, *OPENER]
+        tiling = engine.cuts.tiling(second, len(second))
+        short = (len(first) + len(answer), len(second) - 1)
+        assert tiling == ((0, len(first) - 1), short) if pad == "auto" else ((0, len(first) - 1),)
+        before = len(runtime.decodes)
+        reused = open_session(engine, second)
+        assert reused.cached_tokens == len(first) + len(answer) - 1
+        assert [len(d) for d in runtime.decodes[before:]] == passes
+        assert_consistent(runtime, engine)  # no padding cell left behind
+        got = decode(engine, reused.session_id, 8)
+        assert got == runtime.reference_greedy(second, 8, tiling)
+        assert_consistent(runtime, engine)
