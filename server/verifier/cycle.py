@@ -78,6 +78,7 @@ class Step:
     rounds_decoded: int = 0  # rounds in the cycle's pass of rounds
     answered_rounds: list[SessionKey] = field(default_factory=list)  # decoded and answered
     rounds: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) each
+    lookups: list[tuple[int, int]] = field(default_factory=list)  # of those, a client's lookups
     copies: list[tuple[int, int]] = field(default_factory=list)  # chunk steps' own copies, alike
     advised: list[int] = field(default_factory=list)  # the draft length each round's answer advised
     fixed_rows: float = 0.0  # what a pass's fixed part costs, in rows, as learned so far
@@ -325,9 +326,10 @@ class CycleStep:
                 continue  # a prompt with chunks still to go
             if isinstance(result, VerifyResponse):
                 work, accepted = job.work, result.accepted_prefix_len
-                (out.copies if work.copied else out.rounds).append(
-                    (len(work.draft_tokens), accepted)
-                )
+                counted = (len(work.draft_tokens), accepted)
+                (out.copies if work.copied else out.rounds).append(counted)
+                if work.lookup:
+                    out.lookups.append(counted)
                 if work.copied:
                     self.engine.copier.answered(work.session, work.copied, work.start + 1, accepted)
                 if job.chunk is not None:

@@ -83,6 +83,14 @@ class VerifierMetrics:
         )
         self.drafted_tokens = count("verifier_drafted_tokens", "draft tokens received by /verify")
         self.accepted_tokens = count("verifier_accepted_tokens", "draft tokens accepted by /verify")
+        # Of those, a client's lookups (draft_kind "lookup"): copies, judged apart from a
+        # draft model's by the advice, and counted apart here.
+        self.lookup_drafted_tokens = count(
+            "verifier_lookup_drafted_tokens", "of the draft tokens received, a lookup's"
+        )
+        self.lookup_accepted_tokens = count(
+            "verifier_lookup_accepted_tokens", "of the draft tokens accepted, a lookup's"
+        )
         self.drafted_by_position = Counter(
             "verifier_drafted_by_position",
             "draft tokens received, by position in the draft",
@@ -165,8 +173,8 @@ class VerifierMetrics:
         )
         self.shaping_rows = Counter(
             "verifier_shaping_rows",
-            "rows decoded only to give a pass its shape (padding after a round, filler rows "
-            "of sequences in between), removed after the pass",
+            "rows decoded only to give a pass its shape (padding after a round or a short "
+            "prompt stretch, filler rows of sequences in between), removed after the pass",
             ["kind"],
             registry=r,
         )
@@ -226,6 +234,9 @@ class VerifierMetrics:
         for drafted, accepted in step.copies:
             self.copied_tokens.inc(drafted)
             self.copied_tokens_accepted.inc(accepted)
+        for drafted, accepted in step.lookups:
+            self.lookup_drafted_tokens.inc(drafted)
+            self.lookup_accepted_tokens.inc(accepted)
         for advised in step.advised:
             self.advised_draft.observe(advised)
         if step.passes:

@@ -18,6 +18,7 @@ from server.shared.protocol import VerifyRequest
 from server.verifier.advice import POOL_DECAY
 from server.verifier.checks import round_key
 from server.verifier.cycle import Job
+from server.verifier.metrics import VerifierMetrics
 from tests.fixtures.invariants import check_engine
 from tests.unit.test_cycle import build, open_session
 
@@ -40,8 +41,17 @@ def test_a_lookups_round_is_judged_alike_and_leaves_the_sessions_acceptance(kind
     expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
     session = opened.session
     pool, copies, resyncs = engine.advisor.pool, session.copies, session.resyncs
-    ((_, answer),) = cycle.step([round_with(opened, [expected[0], expected[1], 63], kind)]).answers
+    step = cycle.step([round_with(opened, [expected[0], expected[1], 63], kind)])
+    ((_, answer),) = step.answers
     assert answer.tokens == expected[:3] and answer.accepted_prefix_len == 2  # alike
+    # Counted as any round's, and a lookup's counted apart too (its own metrics).
+    assert step.rounds == [(3, 2)] and step.lookups == ([(3, 2)] if kind else [])
+    metrics = VerifierMetrics(engine.n_seq, engine.max_draft)
+    metrics.observe_step(step)
+    sample = metrics.registry.get_sample_value
+    assert sample("verifier_accepted_tokens_total") == 2
+    assert sample("verifier_lookup_accepted_tokens_total") == (2 if kind else 0)
+    assert sample("verifier_lookup_drafted_tokens_total") == (3 if kind else 0)
     if kind == "lookup":
         assert session.acceptance == Acceptance()
     else:
