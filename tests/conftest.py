@@ -119,8 +119,7 @@ class ReferenceDecoder:
         positions a chat prompt tiles, stretch by stretch), or by default all of them where
         they fill a tile."""
         tile, chunk = self.tile_rows, self.prompt_chunk
-        if spans is None:
-            spans = [(0, n)] if tile and n >= tile else []
+        spans = self.tiled(n, spans)
         small = tile - 1 if tile else chunk
         cuts, start = [], 0
         for span_start, span_end in [*spans, (n, n)]:
@@ -133,6 +132,13 @@ class ReferenceDecoder:
                 cuts.append(slice(start, start + size))
                 start += size
         return cuts
+
+    def tiled(self, n: int, spans: Sequence[tuple[int, int]] | None) -> Sequence[tuple[int, int]]:
+        """The tiled spans of a prompt's `n` tokens before its last: `spans`, or by default
+        all of them where they fill a tile (from position 0 no shorter stretch is padded)."""
+        if spans is not None:
+            return spans
+        return [(0, n)] if self.tile_rows and n >= self.tile_rows else []
 
     def greedy(
         self,
@@ -147,7 +153,7 @@ class ReferenceDecoder:
         # The engine's shapes too: the prompt but its last token in prompt_chunk chunks, then
         # that token alone (llama.cpp's CPU kernels change numbers from 64 rows on).
         self.llm.reset()
-        tiled = spans if spans is not None else [(0, len(prompt_ids) - 1)]
+        tiled = self.tiled(len(prompt_ids) - 1, spans)
         for piece in self.pieces(len(prompt_ids) - 1, spans):
             tokens = prompt_ids[piece]
             short = any(s <= piece.start < e for s, e in tiled) and len(tokens) < self.tile_rows
