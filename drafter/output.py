@@ -122,6 +122,16 @@ class TextRenderer:
         ]
         if stats.reused_drafts:
             rows.append(("drafted while verifying", f"{stats.reused_drafts} of {stats.drafted}"))
+        if stats.lookup_rounds:  # a lookup beside the model: acceptance per kind of draft
+            model_drafted = stats.drafted - stats.lookup_drafted
+            rows.append(
+                (
+                    "accepted by kind",
+                    f"lookup {stats.lookup_accepted} of {stats.lookup_drafted} "
+                    f"({stats.lookup_rounds} rounds), model "
+                    f"{stats.accepted - stats.lookup_accepted} of {model_drafted}",
+                )
+            )
         if baseline is not None:
             rows += [
                 ("baseline tokens/s", f"{baseline.tokens_per_s:.1f} (verifier alone, /generate)"),

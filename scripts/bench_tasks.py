@@ -42,7 +42,9 @@ client saw them (prompt evaluation included). Mean accepted tokens (Spec-Bench's
 tokens a verifier pass commits): generated tokens / (generated tokens - accepted draft
 tokens), from `serve`'s `speculative` figures and the verifier's count of the copies it
 made in chunks and kept (`verifier_copied_tokens_accepted_total`), and llama-server's
-`timings`.
+`timings`. Acceptance by kind of draft (a draft model's, a lookup's, the verifier's own
+copies): the draft tokens accepted of those drafted, from each verifier's counts
+(`/metrics`) before and after each request.
 
     .venv/bin/python scripts/bench_tasks.py --per-family 5
     .venv/bin/python scripts/bench_tasks.py --llama-server build/llama-server/bin/llama-server
@@ -77,6 +79,7 @@ from scripts.harness.local import (  # noqa: E402
     stop_process,
     wait_healthy,
 )
+from scripts.harness.metrics import Metrics  # noqa: E402
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL, DEFAULT_VERIFIER_MODEL  # noqa: E402
 
 QUESTIONS = REPO_ROOT / "scripts" / "data" / "spec_bench" / "spec_bench_dev.jsonl"
@@ -113,7 +116,14 @@ WARM_UP = [{"role": "user", "content": "Say hello."}]
 # Idle work is over once this counter has stood still this long: longer than the
 # verifier's quiet moment before a piece (VERIFIER_IDLE_RETILE_AFTER_S) and a piece.
 RETILED_METRIC = "verifier_prompt_tokens_retiled_total"
-COPIED_METRIC = "verifier_copied_tokens_accepted_total"  # the verifier's own copies in chunks
+# Draft tokens by kind, as the verifier counts them (drafted, accepted): every client
+# draft, of those a client's lookups (`draft_kind`), and the verifier's own copies in chunks.
+DRAFT_METRICS = {
+    "client": ("verifier_drafted_tokens_total", "verifier_accepted_tokens_total"),
+    "lookup": ("verifier_lookup_drafted_tokens_total", "verifier_lookup_accepted_tokens_total"),
+    "copies": ("verifier_copied_tokens_total", "verifier_copied_tokens_accepted_total"),
+}
+KINDS = ("model", "lookup", "copies")
 SETTLED_S = 1.5
 SETTLE_AT_MOST_S = 60.0
 
@@ -305,29 +315,35 @@ class Ours:
         text = self.client.get(f"{self.verifier.url}/metrics").text
         return "".join(ln for ln in text.splitlines() if ln.startswith(RETILED_METRIC))
 
-    def copies_accepted(self) -> int:
-        """The verifier's count of the tokens it copied in chunks and kept."""
-        text = self.client.get(f"{self.verifier.url}/metrics").text
-        values = [ln.split()[-1] for ln in text.splitlines() if ln.startswith(COPIED_METRIC)]
-        return int(float(values[0])) if values else 0
+    def draft_counts(self) -> dict[str, tuple[int, int]]:
+        """The verifier's counts of draft tokens, drafted and accepted, by DRAFT_METRICS."""
+        metrics = Metrics(self.client.get(f"{self.verifier.url}/metrics").text)
+        return {
+            kind: (int(metrics.value(drafted)), int(metrics.value(accepted)))
+            for kind, (drafted, accepted) in DRAFT_METRICS.items()
+        }
 
     def ask(self, messages: list[dict], max_tokens: int) -> Answer:
         if self.serve is None:
             return self._generate(messages, max_tokens)
-        copies_before = self.copies_accepted()
+        before = self.draft_counts()
         reply, seconds = post_chat(
             self.client, f"{self.serve.url}/chat/completions", messages, max_tokens
         )
         figures = reply.get("speculative") or {}
-        copied = self.copies_accepted() - copies_before
+        kinds = by_kind(before, self.draft_counts())
         kept = ("rounds", "drafted", "tokens_per_round")
         return Answer(
             text=reply["choices"][0]["message"]["content"] or "",
             tokens=reply["usage"]["completion_tokens"],
             seconds=seconds,
             # A verifier pass commits a client's accepted drafts and its own copies alike.
-            accepted=figures.get("accepted", 0) + copied,
-            extra={**{k: v for k, v in figures.items() if k in kept}, "copies_accepted": copied},
+            accepted=figures.get("accepted", 0) + kinds["copies"][1],
+            extra={
+                **{k: v for k, v in figures.items() if k in kept},
+                "copies_accepted": kinds["copies"][1],
+                "by_kind": kinds,
+            },
         )
 
     def _generate(self, messages: list[dict], max_tokens: int) -> Answer:
@@ -438,6 +454,16 @@ def settle(running: Sequence[Ours | LlamaServer]) -> None:
         time.sleep(0.1)
 
 
+def by_kind(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, list[int]]:
+    """What a request drafted and had accepted, by KINDS: the verifier's counts after it
+    less those before (a draft model's drafts: the client's that were not lookups)."""
+    delta = {k: [after[k][i] - before[k][i] for i in (0, 1)] for k in DRAFT_METRICS}
+    model = [delta["client"][i] - delta["lookup"][i] for i in (0, 1)]
+    return {"model": model, "lookup": delta["lookup"], "copies": delta["copies"]}
+
+
 def run(args: argparse.Namespace, systems: list[System], questions: list[Question]) -> list[dict]:
     """Every question through every system; a row per answer."""
     vocab = None
@@ -536,6 +562,11 @@ def summarize(rows: list[dict], families: Sequence[str], systems: list[System]) 
                 "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "mean_accepted_tokens": tokens / max(tokens - accepted, 1) if tokens else 0.0,
             }
+            kinds = [r["extra"].get("by_kind") for r in mine if r.get("extra")]
+            if any(kinds):
+                block["by_kind"] = {
+                    kind: [sum(k[kind][i] for k in kinds if k) for i in (0, 1)] for kind in KINDS
+                }
             both = [r for r in mine if (r["question_id"], r["turn"]) in same]
             both_seconds = sum(r["seconds"] for r in both)
             block["alike_answers"] = len(both)
@@ -596,6 +627,9 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         for family, block in summary.items():
             cells = [f"{block[s.name]['mean_accepted_tokens']:.2f}" for s in drafting]
             lines.append(f"| {LABELS.get(family, 'all')} | " + " | ".join(cells) + " |")
+    counted = [s for s in systems if "by_kind" in summary["all"][s.name]]
+    if counted:
+        lines += ["", *kinds_table(summary, counted)]
     checked = [s for s in systems if "identical" in summary["all"][s.name]]
     if checked:
         same = ", ".join(
@@ -604,6 +638,26 @@ def tables(summary: dict, systems: list[System], n_questions: dict[str, int]) ->
         )
         lines += ["", f"Greedy answers equal to the verifier alone's: {same}."]
     return "\n".join(lines)
+
+
+def kinds_table(summary: dict, systems: list[System]) -> list[str]:
+    """Draft tokens accepted of those drafted, by kind (the verifier's counts): the draft
+    model's, a lookup's (prompt lookup, the suffix drafter) and the verifier's own copies."""
+    head = ["family", *(f"{s.label}: {kind}" for s in systems for kind in KINDS)]
+    lines = [
+        "Draft tokens accepted / drafted, by kind (the verifier's counts: a draft model's, a "
+        "lookup's, the verifier's own copies in chunks):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    for family, block in summary.items():
+        cells = [LABELS.get(family, "all")]
+        for s in systems:
+            counts = block[s.name].get("by_kind") or {k: [0, 0] for k in KINDS}
+            cells += [f"{counts[k][1]} / {counts[k][0]}" for k in KINDS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def alike_table(summary: dict, systems: list[System]) -> list[str]:

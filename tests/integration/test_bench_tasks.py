@@ -71,6 +71,13 @@ def test_quick_task_bench_measures_every_family_and_matches_the_verifier(tmp_pat
             assert a["text"] == reference["text"], (a, reference)
             assert a["tokens"] == reference["tokens"], (a, reference)
             assert a["accepted"] is not None and 0 <= a["accepted"] <= a["tokens"]
+            # By kind, as the verifier counted them: what `serve` said it had accepted is
+            # the draft model's and the lookups' together, and the copies the rest.
+            kinds = a["extra"]["by_kind"]
+            assert all(0 <= got <= drafted for drafted, got in kinds.values()), kinds
+            assert a["accepted"] == sum(got for _, got in kinds.values()), (a, kinds)
+            if a["system"] == "ngram":  # prompt lookup alone: every draft a lookup's
+                assert kinds["model"] == [0, 0], kinds
     for system in ("default", "ngram"):
         assert summary["all"][system]["identical"] == summary["all"][system]["compared"] == 7
 

@@ -91,3 +91,24 @@ def test_the_stats_say_when_greedy_is_not_exact_on_this_verifier():
     assert "NOT exact: the verifier is not batch-invariant" in text
     assert "yes (not guaranteed: the verifier is not batch-invariant)" in text
     assert "LOSSY" in render(lossless=False, strategy="threshold")
+
+
+def test_the_stats_give_acceptance_by_kind_where_a_lookup_drafts_beside_the_model():
+    import io
+
+    from rich.console import Console
+
+    from drafter.output import TextRenderer
+
+    def render(stats: GenerationStats) -> str:
+        out = io.StringIO()
+        renderer = TextRenderer(console=Console(file=out, width=200))
+        renderer.start(PIECES.__getitem__)
+        renderer.finish(SpeculativeResult(tokens=[1], finish_reason="eos", stats=stats), None)
+        return out.getvalue()
+
+    mixed = GenerationStats(
+        rounds=6, drafted=20, accepted=15, lookup_rounds=2, lookup_drafted=12, lookup_accepted=11
+    )
+    assert "lookup 11 of 12 (2 rounds), model 4 of 8" in render(mixed)
+    assert "accepted by kind" not in render(GenerationStats(rounds=6, drafted=20, accepted=15))
