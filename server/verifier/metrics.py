@@ -33,64 +33,52 @@ class VerifierMetrics:
         self.active_sessions = Gauge(
             "verifier_active_sessions", "sessions holding a KV sequence", registry=r
         )
-        self.evicted_sessions = Counter(
+        self.evicted_sessions = count(
             "verifier_evicted_sessions",
             "sessions evicted (least recently used) to make room for a new one",
-            registry=r,
         )
-        self.moved_sequences = Counter(
+        self.moved_sequences = count(
             "verifier_moved_sequences",
             "KV sequences copied to another id so that sessions sit side by side and share "
             "forward passes (VERIFIER_PACK_SESSIONS)",
-            registry=r,
         )
-        self.prompt_tokens_evaluated = Counter(
+        self.prompt_tokens_evaluated = count(
             "verifier_prompt_tokens_evaluated",
             "prompt tokens evaluated by /prefill (the last one of each prompt is evaluated "
             "with the session's first round)",
-            registry=r,
         )
-        self.prompt_tokens_reused = Counter(
+        self.prompt_tokens_reused = count(
             "verifier_prompt_tokens_reused",
             "prompt tokens taken from a cached prefix instead of being evaluated",
-            registry=r,
         )
         self.copied_tokens = count(
             "verifier_copied_tokens",
             "tokens copied from a session's own text as its chunks' drafts (copy_draft.py)",
         )
         self.copied_tokens_accepted = count("verifier_copied_tokens_accepted", "copies accepted")
-        self.prompt_tokens_retiled = Counter(
+        self.prompt_tokens_retiled = count(
             "verifier_prompt_tokens_retiled",
             "cached prefixes' tokens evaluated again while idle, as a next prompt would "
             "evaluate them (docs/numerics.md)",
-            registry=r,
         )
-        self.replayed_rounds = Counter(
+        self.replayed_rounds = count(
             "verifier_replayed_rounds",
             "/verify requests that repeated the session's last round (a retry, a duplicate) "
             "and got its recorded answer",
-            registry=r,
         )
         self.expired_sessions = count("verifier_expired_sessions", "sessions ended by the idle TTL")
-        self.rejected_full = Counter(
+        self.rejected_full = count(
             "verifier_rejected_full",
             "requests refused with 503 because the queue was full",
-            registry=r,
         )
         self.queue_depth = Gauge(
             "verifier_queue_depth", "requests waiting for or in the current batch", registry=r
         )
         self.drafted_tokens = count("verifier_drafted_tokens", "draft tokens received by /verify")
         self.accepted_tokens = count("verifier_accepted_tokens", "draft tokens accepted by /verify")
-        # Of those, a client's lookups (draft_kind "lookup"): copies, judged apart from a
-        # draft model's by the advice, and counted apart here.
-        self.lookup_drafted_tokens = count(
-            "verifier_lookup_drafted_tokens", "of the draft tokens received, a lookup's"
-        )
-        self.lookup_accepted_tokens = count(
-            "verifier_lookup_accepted_tokens", "of the draft tokens accepted, a lookup's"
-        )
+        lookups = "draft tokens of a client's lookups (draft_kind), "  # of those, copies
+        self.lookup_drafted_tokens = count("verifier_lookup_drafted_tokens", lookups + "received")
+        self.lookup_accepted_tokens = count("verifier_lookup_accepted_tokens", lookups + "accepted")
         self.drafted_by_position = Counter(
             "verifier_drafted_by_position",
             "draft tokens received, by position in the draft",
@@ -103,10 +91,9 @@ class VerifierMetrics:
             ["position"],
             registry=r,
         )
-        self.decoded_tokens = Counter(
+        self.decoded_tokens = count(
             "verifier_decoded_tokens",
             "rows of jobs evaluated by llama_decode (prompt tokens, rounds' tokens)",
-            registry=r,
         )
         # The names llama.cpp's server and vLLM use (`llamacpp:` and `vllm:` there), so
         # dashboards made for them read these; positions from 0, as theirs.
@@ -159,10 +146,9 @@ class VerifierMetrics:
             "sessions share), as learned from the passes of rounds",
             registry=r,
         )
-        self.rounds_without_draft = Counter(
+        self.rounds_without_draft = count(
             "verifier_rounds_without_draft",
             "rounds that carried no draft: /generate's steps and each token of a chunk",
-            registry=r,
         )
         self.pass_rows = Histogram(
             "verifier_pass_rows",
@@ -185,22 +171,19 @@ class VerifierMetrics:
             buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56),
             registry=r,
         )
-        self.busy_seconds = Counter(
+        self.busy_seconds = count(
             "verifier_busy_seconds",
             "wall time with at least one model request in flight (the denominator of "
             "efficiency = decode seconds / busy seconds)",
-            registry=r,
         )
-        self.gather_holds = Counter(
+        self.gather_holds = count(
             "verifier_gather_holds",
             "times queued rounds were held for sessions the last pass answered, to share "
             "a pass with them",
-            registry=r,
         )
-        self.gather_hold_seconds = Counter(
+        self.gather_hold_seconds = count(
             "verifier_gather_hold_seconds",
             "time queued rounds were held for sessions the last pass answered",
-            registry=r,
         )
         # Children resolved once: labels() per position per round costs a lock and a
         # lookup each, on the way to the round's answer.
