@@ -245,6 +245,13 @@ class DraftModel(Drafter):
         if tokens:
             _sync_in_pieces(self.sequence, tokens, stop, self.decodes_alone)
 
+    def warm_up(self) -> None:
+        """One pass of one token, then forgotten: llama.cpp reads the weights in on a
+        model's first pass (they are mapped from the file), which a first draft would
+        otherwise wait for, as llama.cpp's own tools warm up at load."""
+        self._evaluate(self.runtime.tokenize(" ", add_special=False)[:1] or [self.runtime.eos_id])
+        self.reset()
+
     @property
     def cached_tokens(self) -> list[int]:
         return list(self.sequence.cached)

@@ -137,7 +137,9 @@ def run_setup(name: str, env: dict, args) -> tuple[list[dict], dict]:
     try:
         verifier.wait_ready(timeout=300)
         info = httpx.get(f"{verifier.url}/info").json()
-        serve = LocalServe(verifier.url, threads=1, command_prefix=pin(args.drafter_core))
+        serve = LocalServe(
+            verifier.url, threads=1, command_prefix=pin(args.drafter_core), loaded=True
+        )
         try:
             rows = []
             messages: list[dict] = []

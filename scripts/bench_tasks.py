@@ -303,6 +303,7 @@ class Ours:
                     threads=1,
                     command_prefix=pin([args.drafter_core]),
                     timeout=300,
+                    loaded=True,  # llama-server too loads its models before it answers
                 )
         except Exception:
             self.stop()

@@ -1,8 +1,9 @@
 """A local OpenAI-compatible server (`draft_token_generator serve`), backed by remote
 verification: chat apps, editors and scripts get speculative decoding unchanged.
 
-The draft model is loaded on the first request that finds the verifier (so the server
-starts even while the verifier is down). Up to `--parallel` generations run at once, each
+The draft model is loaded at start where the verifier answers then (so that the first
+request does not wait for it), else on the first request that finds the verifier (so the
+server starts even while the verifier is down). Up to `--parallel` generations run at once, each
 on its own draft sequence and verifier connection (drafter/serve/slots.py); more wait in
 a bounded queue, and beyond it get 429. Bodies are capped in size and in the time they
 take to arrive, like the verifier's.
@@ -35,7 +36,9 @@ def create_app(settings: DrafterSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        preload = asyncio.create_task(backend.preload())
         yield
+        await preload  # a load under way runs on a thread: over before the model is freed
         await asyncio.to_thread(backend.close)
 
     app = FastAPI(title="hetero-specdecode local OpenAI API", lifespan=lifespan)

@@ -99,6 +99,18 @@ class SpeculativeBackend:
                 self.pool = await asyncio.to_thread(self._load)
         return self.pool
 
+    async def preload(self) -> None:
+        """The draft model loaded now where the verifier answers (a request otherwise
+        waits for the load, as long as a first decode or more); where it does not, the
+        first request that finds it loads it, and its error is that request's."""
+        if await asyncio.to_thread(self.verifier_health) != "ok":
+            log.info("verifier not answering at start: the first request loads the draft model")
+            return
+        try:
+            await self.ready()
+        except Exception as exc:  # the next request tries again and answers with its error
+            log.warning("draft model not loaded at start: %s", exc)
+
     def verifier_health(self) -> str:
         """ "ok", or why the verifier cannot be used (a short sentence). Blocking."""
         with connect(self.settings, max_retries=0, restart_wait_s=0) as client:
@@ -129,6 +141,7 @@ class SpeculativeBackend:
                 client.close()
             raise
         models = [first, *(DraftModel.on(first.context, i) for i in range(1, parallel))]
+        first.warm_up()
         self.model_id = self.info.model
         self.system_fingerprint = fingerprint(self.info, first.name)
         if note:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -147,7 +148,10 @@ class LocalServe:
         command_prefix: Sequence[str] = (),
         timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
+        loaded: bool = False,
     ):
+        """`loaded`: wait as well until its draft model is loaded (GET /health), so that
+        a first request's time is a request's, not the load's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         script = Path(sys.executable).parent / "draft_token_generator"
@@ -172,7 +176,7 @@ class LocalServe:
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._answers("/v1/models"):
+            if self._answers("/v1/models") and (not loaded or self._loaded()):
                 return
             time.sleep(0.1)
         self.stop()
@@ -184,6 +188,16 @@ class LocalServe:
             conn.request("GET", path)
             return conn.getresponse().status in (200, 401)  # 401: up, with a key of its own
         except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def _loaded(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5.0)
+        try:
+            conn.request("GET", "/health")
+            return bool(json.loads(conn.getresponse().read()).get("draft_model_loaded"))
+        except (OSError, ValueError):
             return False
         finally:
             conn.close()

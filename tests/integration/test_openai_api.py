@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from scripts.harness.local import LocalServe
-from tests.conftest import TEST_THREADS
+from scripts.harness.local import LocalServe, free_port
+from tests.conftest import TEST_THREADS, start_verifier
 
 pytestmark = pytest.mark.integration
 
@@ -711,3 +711,40 @@ def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, dra
     # Most of the repeated answer drafted (rounds do not compare: where the first request's
     # lookups missed, it asked for chunks paced by measured times).
     assert second["accepted"] >= answers[1].usage.completion_tokens // 2
+
+
+def test_the_draft_model_is_loaded_at_start_before_any_request(live_verifier):
+    # `loaded=True` waits until /health says the draft model is loaded, with no request sent.
+    api = LocalServe(live_verifier.url, threads=TEST_THREADS, loaded=True, timeout=180)
+    try:
+        health = httpx.get(f"{api.url.removesuffix('/v1')}/health", timeout=30).json()
+        assert health["draft_model_loaded"] is True
+        assert health["running"] == 0
+        prompt = "The three laws of motion are"
+        result = openai.OpenAI(base_url=api.url, api_key="unused", max_retries=0).completions
+        text = result.create(model="any", prompt=prompt, max_tokens=16, temperature=0)
+        assert text.choices[0].text == verifier_text(live_verifier, prompt, 16)
+    finally:
+        api.stop()
+
+
+def test_started_before_its_verifier_the_first_request_loads_the_draft_model(verifier_model):
+    port = free_port()
+    api = LocalServe(f"http://127.0.0.1:{port}", threads=TEST_THREADS, timeout=180)
+    try:
+        health = httpx.get(f"{api.url.removesuffix('/v1')}/health", timeout=30)
+        assert health.status_code == 503 and health.json()["draft_model_loaded"] is False
+        verifier = start_verifier(verifier_model, port=port)
+        try:
+            prompt = "The three laws of motion are"
+            client = openai.OpenAI(base_url=api.url, api_key="unused", max_retries=0)
+            text = client.completions.create(
+                model="any", prompt=prompt, max_tokens=8, temperature=0
+            )
+            assert text.choices[0].text == verifier_text(verifier, prompt, 8)
+            health = httpx.get(f"{api.url.removesuffix('/v1')}/health", timeout=30).json()
+            assert health["draft_model_loaded"] is True
+        finally:
+            verifier.stop()
+    finally:
+        api.stop()
