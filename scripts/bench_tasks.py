@@ -19,7 +19,8 @@ no verifier has idle work under way (a cached prefix evaluated again: all the ve
 share a core, so one system's idle work would slow the next system's request), and its
 turns follow one another at once. Each system of ours has a verifier of its own, pinned
 to --verifier-core, and its `serve` pinned to --drafter-core; llama-server (both models
-in one process) may use both cores. One thread per model.
+in one process) may use both cores (--llama-one-core: the verifiers' core alone, its HTTP
+thread beside its decoding as a verifier's is). One thread per model.
 
 Systems (--systems):
 
@@ -385,7 +386,11 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         mode = [a.format(drafter=args.drafter_model) for a in system.args]
         command = [
-            *pin([args.verifier_core, args.drafter_core]),
+            *pin(
+                [args.verifier_core]
+                if args.llama_one_core
+                else [args.verifier_core, args.drafter_core]
+            ),
             str(args.llama_server),
             "-m",
             str(args.verifier_model),
@@ -772,7 +777,15 @@ def main(argv: list[str] | None = None) -> None:
         "--drafter-core",
         type=int,
         default=0,
-        help="CPU core `serve` is pinned to with taskset; llama-server gets both cores.",
+        help="CPU core `serve` is pinned to with taskset (llama-server gets both cores "
+        "unless --llama-one-core).",
+    )
+    parser.add_argument(
+        "--llama-one-core",
+        action="store_true",
+        help="Pin llama-server to --verifier-core alone, as each verifier of ours is (its "
+        "HTTP thread then shares the core its decoding runs on, as a verifier's does); "
+        "without it llama-server gets both cores.",
     )
     parser.add_argument(
         "--restart-every",

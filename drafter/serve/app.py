@@ -37,9 +37,13 @@ def create_app(settings: DrafterSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         preload = asyncio.create_task(backend.preload())
-        yield
-        await preload  # a load under way runs on a thread: over before the model is freed
-        await asyncio.to_thread(backend.close)
+        try:
+            yield
+        finally:
+            # A load under way runs on a thread: over before the model is freed.
+            with contextlib.suppress(Exception):
+                await preload
+            await asyncio.to_thread(backend.close)
 
     app = FastAPI(title="hetero-specdecode local OpenAI API", lifespan=lifespan)
     app.state.backend = backend

@@ -102,13 +102,18 @@ class SpeculativeBackend:
     async def preload(self) -> None:
         """The draft model loaded now where the verifier answers (a request otherwise
         waits for the load, as long as a first decode or more); where it does not, the
-        first request that finds it loads it, and its error is that request's."""
-        if await asyncio.to_thread(self.verifier_health) != "ok":
-            log.info("verifier not answering at start: the first request loads the draft model")
-            return
+        first request that finds it loads it, and its error is that request's. Never
+        raises: what failed is logged, and the next request tries again."""
         try:
+            health = await asyncio.to_thread(self.verifier_health)
+            if health != "ok":
+                log.info(
+                    "verifier not answering at start (%s): the first request loads the draft model",
+                    health,
+                )
+                return
             await self.ready()
-        except Exception as exc:  # the next request tries again and answers with its error
+        except Exception as exc:
             log.warning("draft model not loaded at start: %s", exc)
 
     def verifier_health(self) -> str:
@@ -141,7 +146,10 @@ class SpeculativeBackend:
                 client.close()
             raise
         models = [first, *(DraftModel.on(first.context, i) for i in range(1, parallel))]
-        first.warm_up()
+        try:
+            first.warm_up()
+        except Exception as exc:  # only the first draft's time is at stake
+            log.warning("draft model warm-up failed: %s", exc)
         self.model_id = self.info.model
         self.system_fingerprint = fingerprint(self.info, first.name)
         if note:

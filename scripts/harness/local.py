@@ -178,9 +178,11 @@ class LocalServe:
         while time.monotonic() < deadline:
             if self._answers("/v1/models") and (not loaded or self._loaded()):
                 return
+            if self.process.poll() is not None:
+                break
             time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("the local OpenAI server did not start")
+        log = self.stop()
+        raise RuntimeError(f"the local OpenAI server did not start:\n{log[-2000:]}")
 
     def _answers(self, path: str) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
