@@ -185,22 +185,24 @@ class LocalServe:
         raise RuntimeError(f"the local OpenAI server did not start:\n{log[-2000:]}")
 
     def _answers(self, path: str) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1.0)
-        try:
-            conn.request("GET", path)
-            return conn.getresponse().status in (200, 401)  # 401: up, with a key of its own
-        except OSError:
-            return False
-        finally:
-            conn.close()
+        return self._get(path)[0] in (200, 401)  # 401: up, with a key of its own
 
     def _loaded(self) -> bool:
+        status, body = self._get("/health")
+        try:
+            return status is not None and bool(json.loads(body).get("draft_model_loaded"))
+        except ValueError:
+            return False
+
+    def _get(self, path: str) -> tuple[int | None, bytes]:
+        """The status and body of GET `path`; (None, b"") while nothing answers."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5.0)
         try:
-            conn.request("GET", "/health")
-            return bool(json.loads(conn.getresponse().read()).get("draft_model_loaded"))
-        except (OSError, ValueError):
-            return False
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except OSError:
+            return None, b""
         finally:
             conn.close()
 
