@@ -23,11 +23,16 @@ class Draft(NamedTuple):
     probs: Sequence[np.ndarray] | None  # q per position (dense), when drafts were sampled
     reused: int = 0  # leading tokens drafted while the previous round was in flight
     lookup: bool = False  # a lookup's (a copy of earlier text), not a draft model's
+    # A lookup's estimate of how often a token of it is accepted, where it has one (the
+    # verifier may then size it: draft_accept), and the length of the match it came from.
+    accept: float | None = None
+    match: int = 0
 
     def first(self, k: int) -> Draft:
-        """Its first `k` tokens: a draft made ahead, for a round whose k changed since."""
+        """Its first `k` tokens: a draft made ahead, for a round whose k changed since (or
+        a lookup's, as much of it as the verifier verified)."""
         probs = None if self.probs is None else self.probs[:k]
-        return Draft(self.tokens[:k], probs, min(k, self.reused), self.lookup)
+        return self._replace(tokens=self.tokens[:k], probs=probs, reused=min(k, self.reused))
 
 
 class Drafter:
@@ -73,6 +78,11 @@ class Drafter:
         """A draft that costs nothing to make (a lookup's match, up to `k` tokens), for a
         round that would go without one (drafter/lookup_gate.py); none by default."""
         return Draft([], None)
+
+    def answered(self, draft: Draft, verified: int, accepted_prefix_len: int) -> None:
+        """A round's answer to its draft: `verified` of its tokens judged (fewer than
+        drafted where the verifier sized a lookup), `accepted_prefix_len` of them
+        accepted. A drafter that estimates its drafts' acceptance learns from it."""
 
     def finish(self, text: Sequence[int]) -> None:
         """The generation ended with `text` (its prompt and output): a drafter that

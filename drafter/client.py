@@ -31,12 +31,12 @@ from urllib3.exceptions import (
 
 from drafter.errors import VerifierRejected, VerifierUnavailable
 from drafter.retry import RestartWait, loading, retry_policy, speaks_tls
+from server.shared.info import InfoResponse
 from server.shared.protocol import (
     SESSION_ID,
     SESSION_ID_HEADER,
     GenerateRequest,
     GenerateResponse,
-    InfoResponse,
     PrefillRequest,
     PrefillResponse,
     VerifyRequest,

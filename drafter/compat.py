@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from drafter.errors import VerifierUnavailable, VocabularyMismatch
-from server.shared.protocol import PROTOCOL_VERSION, InfoResponse
+from server.shared.info import InfoResponse
+from server.shared.protocol import PROTOCOL_VERSION
 from server.shared.vocab import Incompatible, Relation, VocabFacts, relation
 
 # How the drafter's ids reach the verifier: as they are, or through text.

@@ -8,6 +8,10 @@ each measured whole (tokens over the round trip, drafting included), and lookups
 sent while they come at least as fast as chunks (so not before a chunk is measured).
 Once they come slower, lookups rest for REST_FIRST rounds without a draft, twice as many
 after each lookup round that loses again (up to REST_LAST), then one is tried again.
+A draft the verifier sizes (one with its estimated acceptance, where the verifier's /info
+says `lookup_sizing`) goes whenever one is found: the verifier verifies as much of it as
+pays, and where none does, the round is the chunk it would have been (no round trip
+more than the chunk).
 Pure: the loop passes what it measured."""
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ MIN_LOOKUP_ROUNDS = 2
 @dataclass
 class LookupGate:
     maximum: int  # the longest lookup draft (the verifier's max_draft)
+    sized: bool = False  # the verifier sizes drafts that carry their acceptance
     min_tokens: int = MIN_LOOKUP_TOKENS
     decay: float = 0.9
     resting: bool = False
@@ -40,9 +45,11 @@ class LookupGate:
         """The lookup's draft for a round that would go without one (at most `room`
         tokens), where it may pay; None otherwise (and no lookup made while resting)."""
         k = min(self.maximum, room)
-        if k < self.min_tokens or not self.open:
+        if k < self.min_tokens or not (self.sized or self.open):
             return None
         found = drafter.lookup_draft(committed, k)
+        if self.sized and found.accept is not None:
+            return found if len(found.tokens) >= self.min_tokens else None
         return found if self.wants(len(found.tokens)) else None
 
     def answered(self, looked_up: Draft | None, draft: Draft, tokens: int, seconds: float) -> None:

@@ -180,12 +180,9 @@ class SpeculativeLoop:
         self.draft_length.advise(opened.advised_draft)  # the first round too
 
     def _rounds(
-        self,
-        prefill: PrefillRequest,
-        session: list[str],
-        sender: ThreadPoolExecutor | None,
+        self, prefill: PrefillRequest, session: list[str], sender: ThreadPoolExecutor | None,
         max_tokens: int,
-    ) -> Iterator[RoundEvent]:
+    ) -> Iterator[RoundEvent]:  # fmt: skip
         result = self.result
         committed = list(result.prompt_ids)
         ready: Draft | None = None  # the next round's draft, made while this one was out
@@ -209,7 +206,9 @@ class SpeculativeLoop:
             if draft.tokens and not draft.reused and not draft.lookup:  # the model's time
                 self._token_s = _ema(self._token_s, draft_s / len(draft.tokens))
             # No draft: a chunk of the verifier's own tokens, where it decodes them.
-            chunk = 1 if draft.tokens else _chunk(self, committed, max_tokens, paced=held)
+            # A lookup the verifier sizes is the chunk it would have been where none of it pays.
+            sized = bool(draft.tokens) and draft.accept is not None
+            chunk = _chunk(self, committed, max_tokens, held) if sized or not draft.tokens else 1
             try:
                 verdict, round_trip_s, ready = self._verify(
                     sender, session[0], committed, draft, max_tokens, chunk
@@ -232,6 +231,7 @@ class SpeculativeLoop:
                 continue
             lost_in_a_row = 0
             self._wait_s = _ema(self._wait_s, round_trip_s)
+            draft, looked_up = _as_verified(self.drafter, draft, looked_up, verdict)
             timing = round_timing(draft, verdict, draft_s, round_trip_s)
             if self.lookups is not None:
                 self.lookups.answered(looked_up, draft, len(verdict.tokens), timing.seconds)
@@ -363,6 +363,20 @@ def _looked_up(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> 
         return None
     room = min(loop.n_ctx - len(committed), max_tokens - len(loop.result.tokens) - 1)
     return loop.lookups.draft(loop.drafter, committed, room)
+
+
+def _as_verified(
+    drafter: Drafter, draft: Draft, looked_up: Draft | None, verdict: VerifyResponse
+) -> tuple[Draft, Draft | None]:
+    """The round's draft as the verifier judged it, which the drafter learns from: a
+    lookup it sized, as much as it verified (none: a round without a draft)."""
+    verified = len(draft.tokens) if verdict.draft_verified is None else verdict.draft_verified
+    if draft.tokens:
+        drafter.answered(draft, verified, verdict.accepted_prefix_len)
+    if verified < len(draft.tokens):
+        draft = draft.first(verified)
+        looked_up = looked_up and (draft if draft.tokens else None)
+    return draft, looked_up
 
 
 def _ema(mean: float, value: float, weight: float = 0.2) -> float:

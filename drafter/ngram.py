@@ -123,6 +123,9 @@ class ModelWithLookup(Drafter):
     ) -> list[tuple[int, int]] | None:
         return None
 
+    def answered(self, draft: Draft, verified: int, accepted_prefix_len: int) -> None:
+        (self.lookup if draft.lookup else self.model).answered(draft, verified, accepted_prefix_len)
+
     def finish(self, text: Sequence[int]) -> None:
         self.lookup.finish(text)
         self.model.finish(text)

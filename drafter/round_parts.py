@@ -48,13 +48,15 @@ def verify_request(
     session_id: str, committed: list[int], draft: Draft, chunk: int, mark_lookups: bool = True
 ) -> VerifyRequest:
     """The round as /verify takes it: the draft (and its q where sampled; a lookup's
-    marked as one, where `mark_lookups`: a verifier that predates the mark refuses it),
-    or a chunk."""
+    marked as one, where `mark_lookups`: a verifier that predates the mark refuses it,
+    with its acceptance where it has one, for the verifier to size), or a chunk."""
+    lookup = mark_lookups and draft.lookup and bool(draft.tokens)
     return VerifyRequest(
         session_id=session_id,
         n_past=len(committed),
         draft_tokens=list(draft.tokens),
         draft_probs=None if draft.probs is None else [sparse(q) for q in draft.probs],
         chunk_tokens=chunk if chunk > 1 else None,
-        draft_kind="lookup" if mark_lookups and draft.lookup and draft.tokens else None,
+        draft_kind="lookup" if lookup else None,
+        draft_accept=draft.accept if lookup else None,
     )

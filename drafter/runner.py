@@ -27,13 +27,8 @@ from drafter.settings import (
 )
 from drafter.suffix import SuffixDrafter, SuffixHistory
 from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
-from server.shared.protocol import (
-    GenerateRequest,
-    InfoResponse,
-    PrefillRequest,
-    SamplingParams,
-    Strategy,
-)
+from server.shared.info import InfoResponse
+from server.shared.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
 from server.shared.runtime import LlamaError, LlamaVocab
 
 # The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
@@ -158,10 +153,12 @@ def candidate_generator(
     settings: DrafterSettings,
     target: LlamaVocab | None = None,
     history: SuffixHistory | None = None,
+    sized: bool = False,
 ) -> Drafter:
     """Who drafts: the draft model (through text when `target`, the verifier's
     vocabulary, is given), a lookup (prompt lookup, or the suffix drafter over `history`,
-    the user's own), or a lookup with the model behind."""
+    the user's own), or a lookup with the model behind. `sized`: the verifier sizes a
+    lookup's draft at its estimated acceptance (/info `lookup_sizing`)."""
     drafter = model if target is None else TranslatingDrafter(model, target)
     if settings.drafter == DrafterKind.model:
         return drafter
@@ -169,7 +166,7 @@ def candidate_generator(
     sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
     if settings.drafter in (DrafterKind.suffix, DrafterKind.model_suffix):
-        lookup: Drafter = SuffixDrafter(n_vocab, history, sample_drafts=sampled)
+        lookup: Drafter = SuffixDrafter(n_vocab, history, sample_drafts=sampled, sized=sized)
     else:
         lookup = NgramDrafter(n_vocab, sample_drafts=sampled)
     return lookup if settings.drafter in LOOKUPS else ModelWithLookup(lookup, drafter)
@@ -230,14 +227,14 @@ def speculative_loop(
     # Where `auto` has the model step aside, a lookup's free drafts may still pay.
     gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(
-        candidate_generator(model, settings, target, history),
+        candidate_generator(model, settings, target, history, info.lookup_sizing),
         client,
         draft_n=length,
         n_ctx=info.n_ctx,
         pipeline=settings.use_pipeline,
         branches=settings.branches,
         vocab=model.vocab_relation,
-        lookups=LookupGate(info.max_draft) if gated else None,
+        lookups=LookupGate(info.max_draft, sized=info.lookup_sizing) if gated else None,
         mark_lookups=info.lookup_drafts,
     )
 

@@ -15,6 +15,13 @@ latest first, and extended backwards token by token; at most `max_candidates` ar
 weighed. Ties go to the latest occurrence: this generation before the history, the newest
 text before older ones, a later position before an earlier one.
 
+Each draft carries an estimate of how often its tokens are accepted, learned per length
+of the match it came from (`MatchAcceptance`, over every generation of the history's
+user): a chance match of three tokens in text that does not repeat is seldom followed,
+a copy of a file read back nearly always, and only the user's own rounds tell which
+their work is. A verifier that sizes lookups (/info `lookup_sizing`) verifies as much of
+the draft as its cost of a pass says pays at that estimate, none where none pays.
+
 The history holds at most `max_tokens` tokens; a text added past that evicts the oldest
 texts whole (and a text longer than the bound keeps its last `max_tokens`). It belongs to
 one user: the CLI's process (and a history file only where one is named), `serve`'s
@@ -34,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from drafter.candidates import Draft, Drafter
+from server.shared.draft_gain import Acceptance
 
 DEFAULT_HISTORY_TOKENS = 200_000
 MIN_MATCH = 3
@@ -41,6 +49,11 @@ MAX_MATCH = 32
 MIN_SCORE = 0.3
 MATCH_FACTOR = 2.0
 MAX_CANDIDATES = 256
+# Match lengths whose drafts share an acceptance estimate: the shortest of each band.
+MATCH_BANDS = (3, 4, 6, 9, 13, 21)
+# Before a band's drafts are judged: a = 0.9, as weak as one round, so that a band is
+# tried before its own rounds can say it does not pay.
+MATCH_PRIOR = Acceptance(accepted=1.8, rejected=0.2)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +110,26 @@ class TextIndex:
                 yield text, end
 
 
+class MatchAcceptance:
+    """How often a lookup's draft tokens are accepted, by the length of the match they
+    came from (MATCH_BANDS), recent rounds weighed more. Not thread-safe: the history's
+    lock guards it."""
+
+    def __init__(self) -> None:
+        self._bands = dict.fromkeys(MATCH_BANDS, MATCH_PRIOR)
+
+    @staticmethod
+    def band(match: int) -> int:
+        return max((b for b in MATCH_BANDS if b <= match), default=MATCH_BANDS[0])
+
+    def rate(self, match: int) -> float:
+        return self._bands[self.band(match)].rate
+
+    def answered(self, match: int, verified: int, accepted_prefix_len: int) -> None:
+        band = self.band(match)
+        self._bands[band] = self._bands[band].after(verified, accepted_prefix_len)
+
+
 class SuffixHistory:
     """One user's earlier texts (prompt and output of each generation), bounded in tokens.
     Thread-safe: generations of one `serve` key share it. With `path`, read from it at
@@ -112,6 +145,7 @@ class SuffixHistory:
         self.index = TextIndex(min_match)
         self.path = path
         self.lock = threading.Lock()
+        self.acceptance = MatchAcceptance()  # in memory only: it follows recent rounds
         self._file_lock = threading.Lock()  # one generation's line written at a time
         if path is not None:
             path.touch()  # an OSError now, at start, rather than after a generation
@@ -163,17 +197,24 @@ def _tokens(line: str) -> list[int] | None:
     return tokens
 
 
+Sources = Sequence[Callable[[tuple[int, ...]], Iterator[tuple[Sequence[int], int]]]]
+
+
 def suffix_chain(
-    context: Sequence[int],
-    sources: Sequence[Callable[[tuple[int, ...]], Iterator[tuple[Sequence[int], int]]]],
-    k: int,
-    rules: SuffixRules = SuffixRules(),
+    context: Sequence[int], sources: Sources, k: int, rules: SuffixRules = SuffixRules()
 ) -> list[int]:
     """The draft for `context`: `sources` give the occurrences of a key, most recent first
     (the live text's first)."""
+    return suffix_match(context, sources, k, rules)[0]
+
+
+def suffix_match(
+    context: Sequence[int], sources: Sources, k: int, rules: SuffixRules = SuffixRules()
+) -> tuple[list[int], int]:
+    """`suffix_chain`'s draft, and the length of the match it follows (0: none)."""
     n = rules.min_match
     if k <= 0 or len(context) < n:
-        return []
+        return [], 0
     key = tuple(context[-n:])
     found: list[tuple[Sequence[int], int]] = []
     best = 0
@@ -200,7 +241,7 @@ def suffix_chain(
         if weighed > rules.max_candidates:
             break
     if not found:
-        return []
+        return [], 0
     limit = min(k, max(1, int(rules.match_factor * best)))
     draft: list[int] = []
     score = 1.0
@@ -219,13 +260,14 @@ def suffix_chain(
             break
         draft.append(token)
         found = [(t, e) for t, e in found if e + step < len(t) and t[e + step] == token]
-    return draft
+    return draft, best
 
 
 class SuffixDrafter(Drafter):
     """Drafts from this generation's text and its user's history (`SuffixHistory`), which
     it adds the generation to when it ends. With sampled drafts the proposal is a point
-    mass on each token (q = 1), as prompt lookup's."""
+    mass on each token (q = 1), as prompt lookup's. `sized`: each draft carries its
+    estimated acceptance, for a verifier that sizes lookups."""
 
     def __init__(
         self,
@@ -234,8 +276,10 @@ class SuffixDrafter(Drafter):
         *,
         sample_drafts: bool = False,
         rules: SuffixRules = SuffixRules(),
+        sized: bool = False,
     ):
         self.n_vocab = n_vocab
+        self.sized = sized
         self.history = history if history is not None else SuffixHistory(0, rules.min_match)
         self.sample_drafts = sample_drafts
         self.rules = rules
@@ -248,9 +292,15 @@ class SuffixDrafter(Drafter):
         self._follow(committed)
         sources = [self._live.occurrences, self.history.index.occurrences]
         with self.history.lock:
-            tokens = suffix_chain(committed, sources, k, self.rules)
+            tokens, match = suffix_match(committed, sources, k, self.rules)
+            accept = self.history.acceptance.rate(match) if self.sized else None
         probs = [self._point_mass(t) for t in tokens] if self.sample_drafts else None
-        return Draft(tokens, probs, lookup=True)
+        return Draft(tokens, probs, lookup=True, accept=accept, match=match)
+
+    def answered(self, draft: Draft, verified: int, accepted_prefix_len: int) -> None:
+        if draft.lookup and draft.match and verified:
+            with self.history.lock:
+                self.history.acceptance.answered(draft.match, verified, accepted_prefix_len)
 
     def finish(self, text: Sequence[int]) -> None:
         self.history.add(text)

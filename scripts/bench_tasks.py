@@ -231,19 +231,25 @@ def load_questions(families: Sequence[str], per_family: int | None) -> list[Ques
 
 
 def variant(text: str) -> System:
-    """`NAME:VAR=VALUE[,VAR=VALUE...]`: `serve`'s default on a verifier with these
-    settings, as a system named NAME (an A/B of a verifier setting in one run)."""
-    name, _, settings = text.partition(":")
+    """`NAME[@SYSTEM]:VAR=VALUE[,VAR=VALUE...]`: `serve`'s default (or SYSTEM, another of
+    ours that runs `serve`) on a verifier with these settings, as a system named NAME (an
+    A/B of a verifier setting in one run)."""
+    named, _, settings = text.partition(":")
+    name, _, base_name = named.partition("@")
     pairs = [p.strip().partition("=") for p in settings.split(",") if p.strip()]
     if not name or not pairs or any(not k.startswith("VERIFIER_") or not eq for k, eq, _ in pairs):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected NAME:VERIFIER_SETTING=VALUE[,VERIFIER_SETTING=VALUE...]"
+            f"{text!r}: expected NAME[@SYSTEM]:VERIFIER_SETTING=VALUE[,VERIFIER_SETTING=VALUE...]"
         )
     if name in SYSTEMS:
         raise argparse.ArgumentTypeError(f"{text!r}: {name!r} is a system already")
+    base = SYSTEMS.get(base_name or "default")
+    if base is None or base.kind != "serve":
+        serving = ", ".join(s.name for s in OURS if s.kind == "serve")
+        raise argparse.ArgumentTypeError(f"{text!r}: SYSTEM is one of {serving}")
     env = tuple((k, v) for k, _, v in pairs)
-    label = "ours, default, " + ", ".join(f"{k}={v}" for k, v in env)
-    return System(name, label, "serve", verifier_env=env)
+    label = f"{base.label}, " + ", ".join(f"{k}={v}" for k, v in env)
+    return System(name, label, "serve", base.args, verifier_env=env)
 
 
 def usable_cores() -> int:
@@ -728,9 +734,9 @@ def main(argv: list[str] | None = None) -> None:
         type=variant,
         action="append",
         default=[],
-        metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
-        help="One more system: `serve`'s default on a verifier with these settings "
-        "(VERIFIER_* variables), named NAME; may be given more than once.",
+        metavar="NAME[@SYSTEM]:VAR=VALUE[,VAR=VALUE...]",
+        help="One more system: `serve`'s default (or SYSTEM, another of ours) on a verifier "
+        "with these settings (VERIFIER_* variables), named NAME; may be given more than once.",
     )
     parser.add_argument(
         "--llama-server",

@@ -31,8 +31,9 @@ from drafter.serve.responses import SpeculativeFigures
 from drafter.serve.slots import GenerationSlot, SlotPool
 from drafter.serve.text_out import Emit, TextOut
 from drafter.settings import DrafterSettings
+from server.shared.info import InfoResponse
 from server.shared.prefix import common_prefix_len
-from server.shared.protocol import InfoResponse, PrefillRequest, Strategy
+from server.shared.protocol import PrefillRequest, Strategy
 from server.shared.runtime import LlamaVocab
 
 log = logging.getLogger("drafter.serve")

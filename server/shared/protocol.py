@@ -237,11 +237,26 @@ class VerifyRequest(WireModel):
         "judged as any draft but kept out of the acceptance the advice is made from, which "
         "is a draft model's (None)",
     )
+    draft_accept: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="with draft_kind `lookup`: the client's estimate of how often a token of "
+        "this draft is accepted. The verifier then verifies only the part of the draft its "
+        "cost of a pass says pays (`draft_verified`), and where none pays, the round is a "
+        "chunk of chunk_tokens instead (None: one token)",
+    )
 
     @model_validator(mode="after")
     def _chunk_without_draft(self) -> VerifyRequest:
-        if self.chunk_tokens is not None and self.chunk_tokens > 1 and self.draft_tokens:
-            raise ValueError("chunk_tokens above 1 is for a round without draft_tokens")
+        if self.draft_accept is not None:
+            if self.draft_kind != "lookup":
+                raise ValueError("draft_accept is for a draft of draft_kind 'lookup'")
+        elif self.chunk_tokens is not None and self.chunk_tokens > 1 and self.draft_tokens:
+            raise ValueError(
+                "chunk_tokens above 1 is for a round without draft_tokens (or a lookup's "
+                "with draft_accept)"
+            )
         return self
 
 
@@ -286,6 +301,13 @@ class VerifyResponse(ResponseModel):
     pass_sessions: float | None = Field(
         None, description="sessions the verifier's recent passes of rounds held (1: alone)"
     )
+    draft_verified: int | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="where the round's draft was sized (draft_accept): how many of its "
+        "tokens were verified, its first; accepted_prefix_len counts within them (0: none "
+        "verified, and `tokens` are the chunk's)",
+    )
     logprobs: list[TokenLogprob] | None = Field(
         None,
         exclude_if=lambda v: v is None,
@@ -313,70 +335,6 @@ class GenerateResponse(ResponseModel):
     text: str
     eos: bool
     timings: GenerateTimings
-
-
-class InfoResponse(ResponseModel):
-    protocol_version: int = PROTOCOL_VERSION
-    model: str
-    model_path: str
-    quantization: str
-    n_vocab: int
-    n_ctx: int
-    bos_id: int
-    eos_id: int
-    add_bos: bool
-    vocab_hash: str
-    # What a drafter with another vocabulary needs to judge it as llama.cpp does
-    # (server/shared/vocab.py); an older verifier leaves them out, and only "same" passes.
-    vocab_type: str = ""
-    add_eos: bool = False
-    max_draft: int
-    max_chunk_tokens: int = Field(
-        1, description="the most tokens a round without a draft may ask for (chunk_tokens)"
-    )
-    max_sessions: int
-    flash_attn: bool
-    batch_invariant: bool = Field(
-        True,
-        description="whether a row's logits were bit-identical however it was batched, in "
-        "the startup probe on this build and device; greedy is token for token only if so",
-    )
-    batch_max_diff: float = Field(
-        0.0, description="the probe's largest logit difference between batch shapes"
-    )
-    pinned_width: int = Field(
-        0,
-        description="> 0: every pass is every session this many rows wide (shapes pinned "
-        "because this build's kernels change with the row count)",
-    )
-    pinned_logits: bool = Field(False, description="pinned passes compute every row's logits")
-    max_pass_rows: int = Field(0, description="the most rows one pass of rounds has")
-    pass_cost_rows: float = Field(
-        0.0, description="what one forward pass costs here, in rows (the pass planner's trade)"
-    )
-    prefill_chunk_invariant: bool = Field(
-        True,
-        description="whether the probe's prompt gave the same next-token logits evaluated in "
-        "one chunk and in two; prompt reuse is exact, so on, only if so",
-    )
-    prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
-    prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
-    prompt_tile_rows: int = Field(0, description="> 0: prompts tiled, >= this many rows a pass")
-    prompt_pad: str = Field(
-        "off", description="shorter stretches padded to a tiled pass: auto, always or off"
-    )
-    prefix_cache: bool = Field(False, description="ended sessions' prompts kept and reused")
-    lookup_drafts: bool = Field(False, description="rounds may say draft_kind 'lookup'")
-    strategies: dict[str, bool] = Field(
-        default_factory=lambda: dict(LOSSLESS),
-        description="verification strategies, each mapped to whether it is lossless here",
-    )
-    # Last: 129 hashes, read by drafters, skimmed past by people.
-    vocab_text_hashes: dict[int, str] = Field(
-        default_factory=dict,
-        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
-        "of n_vocab: a drafter compares the range both vocabularies have",
-    )
 
 
 class HealthResponse(ResponseModel):

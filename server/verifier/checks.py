@@ -33,7 +33,8 @@ def round_key(request: VerifyRequest) -> tuple:
     probs = None
     if request.draft_probs:  # an empty list says what no list says
         probs = tuple(tuple(map(tuple, row)) for row in request.draft_probs)
-    return (request.n_past, tuple(request.draft_tokens), probs, request.chunk_tokens or 1)
+    chunk = request.chunk_tokens or 1
+    return (request.n_past, tuple(request.draft_tokens), probs, chunk, request.draft_accept)
 
 
 def resolve_strategy(request: PrefillRequest) -> Strategy:

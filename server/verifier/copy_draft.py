@@ -134,16 +134,17 @@ class ChunkCopier:
     goes on with a copy that broke off."""
 
     def __init__(
-        self, ngram: int, max_draft: int, n_ctx: int, pass_cost: PassCost, resync: int = 0
-    ):
+        self, ngram: int, max_draft: int, n_ctx: int, pass_cost: PassCost, resync: int = 0,
+        sizing: bool = True,
+    ):  # fmt: skip
         self.ngram, self.max_draft, self.n_ctx = ngram, max_draft, n_ctx
-        self.pass_cost, self.resync = pass_cost, resync
+        self.pass_cost, self.resync, self.sizing = pass_cost, resync, sizing
 
     @classmethod
     def of(cls, settings: Any, n_ctx: int, pass_cost: PassCost) -> ChunkCopier:
         """As a verifier's settings (server.verifier.settings.VerifierSettings) say."""
         ngram, resync = settings.chunk_copy_ngram, settings.chunk_copy_resync
-        return cls(ngram, settings.max_draft, n_ctx, pass_cost, resync)
+        return cls(ngram, settings.max_draft, n_ctx, pass_cost, resync, settings.lookup_sizing)
 
     def for_step(self, session: Any, left: int) -> Copy | None:
         """For a step of `session` (server.verifier.sessions.Session) whose chunk wants
@@ -166,6 +167,19 @@ class ChunkCopier:
         copy = tokens[source : source + limit]
         copy = copy[: copy_length(len(copy), acceptance, seconds, sharing)]
         return Copy(copy, source, resync) if copy else None
+
+    def size_lookup(self, session: Any, request: Any) -> int | None:
+        """How many tokens of a client's lookup draft (a VerifyRequest with draft_accept)
+        to verify: priced as a copy is, at the client's estimate of its acceptance; the
+        whole draft under a grammar (its masks are computed for it) or with sizing off.
+        None: not sized."""
+        if request.draft_accept is None:
+            return None
+        drafted = len(request.draft_tokens)
+        if session.constraint is not None or not self.sizing:
+            return drafted
+        accept = Acceptance(accepted=request.draft_accept, rejected=1.0 - request.draft_accept)
+        return copy_length(drafted, accept, self.pass_cost.seconds(), self.pass_cost.sharing)
 
     @staticmethod
     def answered(session: Any, copy: Copy, first: int, accepted: int) -> None:

@@ -61,8 +61,11 @@ class Job:
     queued_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
-        if isinstance(self.request, VerifyRequest) and (self.request.chunk_tokens or 1) > 1:
-            self.chunk = ChunkSteps(self.request)
+        request = self.request
+        if isinstance(request, VerifyRequest) and (
+            (request.chunk_tokens or 1) > 1 or request.draft_accept is not None
+        ):  # a lookup the verifier sizes is a chunk's first step
+            self.chunk = ChunkSteps(request)
 
     @property
     def session_key(self) -> SessionKey | None:
@@ -262,8 +265,12 @@ class CycleStep:
             if job.chunk is not None:
                 session = self.engine.session(job.session_id, job.owner)
                 copy = self.engine.copier.for_step(session, job.chunk.left)
-                if job.chunk.steps or copy:
-                    request = job.chunk.next_request(copy.tokens if copy else None)
+                first = not job.chunk.steps
+                if first and request.draft_accept is not None and session.last_round_key != key:
+                    self.engine.check_round(session, request)  # the whole draft, then sized
+                sized = self.engine.copier.size_lookup(session, request) if first else None
+                if not first or copy or sized is not None:
+                    request = job.chunk.next_request(copy.tokens if copy else None, sized)
                     # A first step is still the client's round: its key, for a replay.
                     key = round_key(request) if job.chunk.steps else key
             work = self.engine.begin_verify(request, job.owner, key)

@@ -27,10 +27,10 @@ import numpy as np
 
 from server.shared import vocab
 from server.shared.constraint import Constraint
+from server.shared.info import InfoResponse
 from server.shared.protocol import (
     LOSSLESS,
     MAX_CHUNK_TOKENS,
-    InfoResponse,
     PrefillRequest,
     PrefillResponse,
     Strategy,
@@ -360,5 +360,6 @@ def engine_info(engine: Engine) -> InfoResponse:
         prompt_pad=engine.cuts.pad,
         prefix_cache=engine.prefix_cache,
         lookup_drafts=True,
+        lookup_sizing=engine.copier.sizing,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )

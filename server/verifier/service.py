@@ -22,11 +22,11 @@ from functools import partial
 from typing import TypeVar
 
 from server.shared.constraint import Constraint
+from server.shared.info import InfoResponse
 from server.shared.protocol import (
     GenerateRequest,
     GenerateResponse,
     GenerateTimings,
-    InfoResponse,
     PrefillRequest,
     PrefillResponse,
     VerifyRequest,

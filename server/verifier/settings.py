@@ -125,6 +125,13 @@ class VerifierSettings(BaseSettings):
         "text: a name renamed), a step looks for its last two tokens just past where the text left "
         "the source, and copies on from there (server/verifier/copy_draft.py); 0 = never",
     )
+    lookup_sizing: bool = Field(
+        True,
+        description="a client's lookup draft that carries its estimated acceptance "
+        "(draft_accept) is verified as far as the cost of a pass says it pays, and where no "
+        "part pays, the round is the chunk it asked for (server/verifier/copy_draft.py); "
+        "false: /info says lookup_sizing false, and such a draft is verified whole",
+    )
     prompt_pad: Literal["auto", "always", "off"] = Field(
         "auto",
         description="with tiled prompts, a stretch shorter than a tile (a chat's next message, "

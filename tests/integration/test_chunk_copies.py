@@ -71,3 +71,29 @@ def test_a_lookups_round_is_judged_as_any_draft_on_the_real_model(live_verifier,
     ).json()
     httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=30)
     assert reply["accepted_prefix_len"] == 4 and reply["tokens"] == own[:5]
+
+
+def test_a_sized_lookup_on_the_real_model_is_the_verifiers_own_tokens(live_verifier, reference):
+    """draft_accept (the client's estimate of its lookup's acceptance): the verifier verifies
+    what its measured passes say pays, or runs the chunk asked for; either way the tokens
+    are the verifier's own, and the answer says how much of the draft was verified."""
+    url = live_verifier.url
+    assert httpx.get(f"{url}/info", timeout=60).json()["lookup_sizing"] is True
+    for accept in (1.0, 0.0):
+        opened = httpx.post(f"{url}/prefill", json={"prompt": PROMPT}, timeout=300).json()
+        own = reference.greedy(opened["prompt_ids"], 8)
+        body = {
+            "session_id": opened["session_id"], "n_past": opened["total_tokens"],
+            "draft_tokens": own[:6], "draft_kind": "lookup", "draft_accept": accept,
+            "chunk_tokens": 3,
+        }  # fmt: skip
+        reply = httpx.post(f"{url}/verify", json=body, timeout=300)
+        httpx.delete(f"{url}/sessions/{opened['session_id']}", timeout=30)
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        verified = answer["draft_verified"]
+        assert 0 <= verified <= 6 and answer["accepted_prefix_len"] == verified
+        # Verified in part or whole: that draft's round; none: the chunk of 3 asked for.
+        assert answer["tokens"] == (own[: verified + 1] if verified else own[:3])
+        if accept == 0.0:  # no token accepted: no row of it pays, whatever a pass costs
+            assert verified == 0

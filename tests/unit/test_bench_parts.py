@@ -258,7 +258,12 @@ def test_a_variant_is_serves_default_on_a_verifier_with_other_settings():
         ("VERIFIER_CHUNK_COPY_RESYNC", "0"),
     )
     assert "VERIFIER_CHUNK_COPY_NGRAM=6" in system.label
+    unsized = variant("unsized@model+suffix:VERIFIER_LOOKUP_SIZING=false")
+    assert unsized.args == ("--drafter", "model+suffix") and unsized.kind == "serve"
+    assert unsized.verifier_env == (("VERIFIER_LOOKUP_SIZING", "false"),)
     for bad in (
+        "copy6@verifier:VERIFIER_X=1",  # the verifier alone runs no serve
+        "copy6@nosuch:VERIFIER_X=1",
         "copy6",
         "copy6:",
         ":VERIFIER_X=1",

@@ -118,7 +118,7 @@ def test_where_a_lookup_misses_chunks_start_at_one_token_grow_while_it_keeps_mis
 def test_auto_means_the_schedule_that_suits_the_drafter():
     from drafter.runner import draft_length
     from drafter.settings import DrafterSettings
-    from server.shared.protocol import InfoResponse
+    from server.shared.info import InfoResponse
 
     info = InfoResponse.model_construct(max_draft=16)
 

@@ -66,6 +66,9 @@ class Recording(Drafter):
         self.calls.append("likely_answers")
         return [(0, 9)]
 
+    def answered(self, draft, verified, accepted_prefix_len):
+        self.calls.append("answered")
+
     def finish(self, text):
         self.calls.append("finish")
 
@@ -80,6 +83,8 @@ def test_model_with_lookup_forwards_every_hook_but_the_ranking_to_the_model():
     assert both.catch_up([1, 2]) is False
     both.follow(SamplingParams(), None, 2)
     both.finish([1, 2, 3])
+    both.answered(Draft([1, 1], None), 2, 1)  # the model's draft: the model's to learn from
+    both.answered(Draft([7], None, lookup=True), 1, 1)  # the lookup's: not the model's
     # A lookup's own draft, for a round the model would not draft: the lookup's alone.
     assert both.lookup_draft([5, 6, 7, 5, 6], 2).tokens == [7, 5]
     assert both.lookup_draft([1, 2, 3, 4], 2).tokens == []

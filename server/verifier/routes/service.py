@@ -4,7 +4,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from server.shared.protocol import HealthResponse, InfoResponse
+from server.shared.info import InfoResponse
+from server.shared.protocol import HealthResponse
 from server.verifier.state import ServiceDep, StateDep
 
 router = APIRouter(tags=["service"])

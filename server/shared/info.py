@@ -1,0 +1,74 @@
+"""GET /info's answer: what a drafter checks before its first round (docs/protocol.md)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from server.shared.protocol import LOSSLESS, PROTOCOL_VERSION, ResponseModel
+
+
+class InfoResponse(ResponseModel):
+    protocol_version: int = PROTOCOL_VERSION
+    model: str
+    model_path: str
+    quantization: str
+    n_vocab: int
+    n_ctx: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    vocab_hash: str
+    # What a drafter with another vocabulary needs to judge it as llama.cpp does
+    # (server/shared/vocab.py); an older verifier leaves them out, and only "same" passes.
+    vocab_type: str = ""
+    add_eos: bool = False
+    max_draft: int
+    max_chunk_tokens: int = Field(
+        1, description="the most tokens a round without a draft may ask for (chunk_tokens)"
+    )
+    max_sessions: int
+    flash_attn: bool
+    batch_invariant: bool = Field(
+        True,
+        description="whether a row's logits were bit-identical however it was batched, in "
+        "the startup probe on this build and device; greedy is token for token only if so",
+    )
+    batch_max_diff: float = Field(
+        0.0, description="the probe's largest logit difference between batch shapes"
+    )
+    pinned_width: int = Field(
+        0,
+        description="> 0: every pass is every session this many rows wide (shapes pinned "
+        "because this build's kernels change with the row count)",
+    )
+    pinned_logits: bool = Field(False, description="pinned passes compute every row's logits")
+    max_pass_rows: int = Field(0, description="the most rows one pass of rounds has")
+    pass_cost_rows: float = Field(
+        0.0, description="what one forward pass costs here, in rows (the pass planner's trade)"
+    )
+    prefill_chunk_invariant: bool = Field(
+        True,
+        description="whether the probe's prompt gave the same next-token logits evaluated in "
+        "one chunk and in two; prompt reuse is exact, so on, only if so",
+    )
+    prefill_chunk_max_diff: float = Field(0.0, description="the chunking check's difference")
+    prompt_chunk: int = Field(0, description="a prompt's tokens per decode on this server")
+    prompt_tile_rows: int = Field(0, description="> 0: prompts tiled, >= this many rows a pass")
+    prompt_pad: str = Field(
+        "off", description="shorter stretches padded to a tiled pass: auto, always or off"
+    )
+    prefix_cache: bool = Field(False, description="ended sessions' prompts kept and reused")
+    lookup_drafts: bool = Field(False, description="rounds may say draft_kind 'lookup'")
+    lookup_sizing: bool = Field(
+        False, description="a lookup's draft may carry draft_accept (the verifier sizes it)"
+    )
+    strategies: dict[str, bool] = Field(
+        default_factory=lambda: dict(LOSSLESS),
+        description="verification strategies, each mapped to whether it is lossless here",
+    )
+    # Last: 129 hashes, read by drafters, skimmed past by people.
+    vocab_text_hashes: dict[int, str] = Field(
+        default_factory=dict,
+        description="hash of the token texts of ids 5 to end-1, for every end within 128 "
+        "of n_vocab: a drafter compares the range both vocabularies have",
+    )
