@@ -54,6 +54,10 @@ MATCH_BANDS = (3, 4, 6, 9, 13, 21)
 # Before a band's drafts are judged: a = 0.9, as weak as one round, so that a band is
 # tried before its own rounds can say it does not pay.
 MATCH_PRIOR = Acceptance(accepted=1.8, rejected=0.2)
+# Each draft of a band the verifier verified none of, the weight left to what the band
+# learned, the rest the prior's: a band judged too poor to verify teaches nothing more,
+# so it drifts back until it is tried again (the text the user works on changes).
+MATCH_DRIFT = 0.9
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,15 @@ class MatchAcceptance:
 
     def answered(self, match: int, verified: int, accepted_prefix_len: int) -> None:
         band = self.band(match)
-        self._bands[band] = self._bands[band].after(verified, accepted_prefix_len)
+        learned = self._bands[band]
+        if verified:
+            self._bands[band] = learned.after(verified, accepted_prefix_len)
+            return
+        d = MATCH_DRIFT
+        self._bands[band] = Acceptance(
+            d * learned.accepted + (1 - d) * MATCH_PRIOR.accepted,
+            d * learned.rejected + (1 - d) * MATCH_PRIOR.rejected,
+        )
 
 
 class SuffixHistory:
@@ -298,7 +310,7 @@ class SuffixDrafter(Drafter):
         return Draft(tokens, probs, lookup=True, accept=accept, match=match)
 
     def answered(self, draft: Draft, verified: int, accepted_prefix_len: int) -> None:
-        if draft.lookup and draft.match and verified:
+        if draft.lookup and draft.match:
             with self.history.lock:
                 self.history.acceptance.answered(draft.match, verified, accepted_prefix_len)
 

@@ -137,6 +137,12 @@ def test_each_match_length_learns_its_own_acceptance():
         acceptance.answered(30, 8, 8)  # long ones taken whole
     assert acceptance.rate(3) < 0.3 < 0.9 < acceptance.rate(30)
     assert acceptance.rate(9) == MATCH_PRIOR.rate  # a band of its own, not yet seen
+    # A band the verifier verifies none of drifts back toward the prior: tried again.
+    poor, rates = acceptance.rate(3), []
+    for _ in range(30):
+        acceptance.answered(3, 0, 0)
+        rates.append(acceptance.rate(3))
+    assert poor < rates[0] and rates == sorted(rates) and rates[-1] > 0.8
 
 
 def test_the_suffix_drafter_sends_its_estimate_only_to_a_verifier_that_sizes():
