@@ -9,9 +9,9 @@ sent while they come at least as fast as chunks (so not before a chunk is measur
 Once they come slower, lookups rest for REST_FIRST rounds without a draft, twice as many
 after each lookup round that loses again (up to REST_LAST), then one is tried again.
 A draft the verifier sizes (one with its estimated acceptance, where the verifier's /info
-says `lookup_sizing`) goes whenever one is found: the verifier verifies as much of it as
-pays, and where none does, the round is the chunk it would have been (no round trip
-more than the chunk).
+says `lookup_sizing`; a lookup is then made while resting too) goes whenever one is
+found: the verifier verifies as much of it as pays, and where none does, the round is
+the chunk it would have been (no round trip more than the chunk).
 Pure: the loop passes what it measured."""
 
 from __future__ import annotations

@@ -373,9 +373,11 @@ def _as_verified(
     verified = len(draft.tokens) if verdict.draft_verified is None else verdict.draft_verified
     if draft.tokens:
         drafter.answered(draft, verified, verdict.accepted_prefix_len)
+    if not verified:  # the chunk it asked for: a round without a draft, of no kind
+        return Draft([], None), None
     if verified < len(draft.tokens):
         draft = draft.first(verified)
-        looked_up = looked_up and (draft if draft.tokens else None)
+        looked_up = looked_up and draft
     return draft, looked_up
 
 

@@ -229,7 +229,8 @@ class VerifyRequest(WireModel):
         ge=1,
         le=MAX_CHUNK_TOKENS,
         description="a round without a draft (k = 0): the verifier decodes this many tokens "
-        "of its own, one pass each, and answers them together (None: one)",
+        "of its own, one pass each, and answers them together (None: one); with a lookup's "
+        "draft_accept, the round where none of that draft pays",
     )
     draft_kind: Literal["lookup"] | None = Field(
         None,

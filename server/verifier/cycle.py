@@ -264,11 +264,12 @@ class CycleStep:
             request, key, copy = job.request, job.round_key, None
             if job.chunk is not None:
                 session = self.engine.session(job.session_id, job.owner)
-                copy = self.engine.copier.for_step(session, job.chunk.left)
                 first = not job.chunk.steps
                 if first and request.draft_accept is not None and session.last_round_key != key:
                     self.engine.check_round(session, request)  # the whole draft, then sized
                 sized = self.engine.copier.size_lookup(session, request) if first else None
+                # The verifier's own copy where no client's lookup pays.
+                copy = None if sized else self.engine.copier.for_step(session, job.chunk.left)
                 if not first or copy or sized is not None:
                     request = job.chunk.next_request(copy.tokens if copy else None, sized)
                     # A first step is still the client's round: its key, for a replay.

@@ -200,11 +200,6 @@ class Engine:
         draft_tokens, n_vocab = list(request.draft_tokens), self.runtime.n_vocab
         draft_probs = None
         if session.strategy == Strategy.rejection and draft_tokens:
-            if request.draft_probs is None:
-                raise InvalidDraftProbs(
-                    "strategy 'rejection' needs draft_probs (the drafter's q per draft token); "
-                    "use strategy 'match' to send tokens only"
-                )
             draft_probs = [(q := dense(row, n_vocab)) / q.sum() for row in request.draft_probs]
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
         work.lookup = request.draft_kind == "lookup"
@@ -214,6 +209,12 @@ class Engine:
     def check_round(self, session: Session, request: VerifyRequest) -> None:
         """What makes a round the session's next one, and its draft well formed."""
         check_verify(len(session.tokens), request, self.max_draft, self.n_ctx, self.runtime.n_vocab)
+        rejection = session.strategy == Strategy.rejection
+        if rejection and request.draft_tokens and request.draft_probs is None:
+            raise InvalidDraftProbs(
+                "strategy 'rejection' needs draft_probs (the drafter's q per draft token); "
+                "use strategy 'match' to send tokens only"
+            )
 
     # -- running work -----------------------------------------------------------------
 

@@ -8,6 +8,8 @@ and the loop's view of a sized round."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from pydantic import ValidationError
 
@@ -15,7 +17,13 @@ from drafter.candidates import Draft, Drafter
 from drafter.loop import _as_verified
 from drafter.ngram import ModelWithLookup
 from drafter.suffix import MATCH_PRIOR, MatchAcceptance, SuffixDrafter, SuffixHistory
-from server.shared.protocol import RoundTimings, Strategy, VerifyRequest, VerifyResponse
+from server.shared.protocol import (
+    PrefillRequest,
+    RoundTimings,
+    Strategy,
+    VerifyRequest,
+    VerifyResponse,
+)
 from server.verifier.checks import round_key
 from server.verifier.copy_draft import ChunkCopier
 from server.verifier.cycle import CycleStep, Job
@@ -23,7 +31,7 @@ from server.verifier.errors import DraftTooLong
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine
-from tests.unit.test_copy_draft import CpuLikeCost, Session
+from tests.unit.test_copy_draft import CpuLikeCost, RepeatingRuntime, Session
 from tests.unit.test_cycle import open_session
 
 
@@ -39,9 +47,13 @@ def sized_job(opened, draft: list[int], accept: float, chunk: int | None = None)
     return Job("a", request.session_id, request=request, round_key=round_key(request))
 
 
-def answered(cycle: CycleStep, job: Job) -> VerifyResponse:
+def answered(cycle: CycleStep, job: Job, copies: list | None = None) -> VerifyResponse:
+    """`copies`: the verifier's own copies (drafted, accepted) its steps made, added to."""
     for _ in range(64):
-        answers = dict(cycle.step([job]).answers)
+        step = cycle.step([job])
+        if copies is not None:
+            copies += step.copies
+        answers = dict(step.answers)
         if job in answers:
             return answers[job]
     raise AssertionError("never answered")
@@ -97,6 +109,35 @@ def test_a_sized_lookup_is_the_verifiers_own_tokens_verified_in_part_or_a_chunk(
     again = Job(job.owner, job.session_id, request=job.request, round_key=job.round_key)
     assert cycle.step([again]).answers == [(again, answer)]  # a replay gets the same
     check_engine(cycle.engine)
+
+
+def test_the_verifiers_own_copy_goes_only_where_no_part_of_the_lookup_pays():
+    runtime = RepeatingRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
+    engine = make_engine(runtime, max_draft=8)  # copies of its own on
+    engine.copier.pass_cost = CpuLikeCost()
+    cycle = CycleStep(engine)
+    passage = random.Random(9).sample(range(2, 60), 30)
+    prompt = [*passage, *passage[:14]]  # the passage again: a copy of its own to make
+    opened = open_tokens(cycle, prompt)
+    expected = runtime.reference_greedy(prompt, 8)
+    copies: list = []
+    likely = answered(cycle, sized_job(opened, expected[:4], 0.99, chunk=6), copies)
+    assert likely.draft_verified > 0 and likely.accepted_prefix_len == likely.draft_verified
+    assert likely.tokens == expected[: likely.draft_verified + 1]
+    assert copies == []  # the client's lookup paid: no copy of the verifier's instead
+    unlikely = answered(cycle, sized_job(opened, [1, 1, 1], 0.0, chunk=6), copies)
+    assert unlikely.draft_verified == 0 and unlikely.accepted_prefix_len == 0
+    assert copies  # no part of it paid: the chunk, with the verifier's own copies
+    done = len(likely.tokens)
+    assert unlikely.tokens == runtime.reference_greedy(prompt, done + 6)[done:]
+    check_engine(engine)
+
+
+def open_tokens(cycle: CycleStep, prompt: list[int]):
+    job = Job("a", None, request=PrefillRequest(prompt_tokens=prompt, add_bos=False))
+    while not (answers := dict(cycle.step([job]).answers)):
+        pass
+    return answers[job]
 
 
 def test_a_sized_lookup_without_a_chunk_is_one_token_where_none_of_it_pays():
@@ -184,9 +225,25 @@ def test_the_loop_counts_a_sized_round_as_what_was_verified():
     draft, looked_up = _as_verified(drafter, lookup, lookup, verdict([5, 6, 9], 2, 3))
     assert draft.tokens == [5, 6, 7] and looked_up == draft and draft.accept == 0.9
     draft, looked_up = _as_verified(drafter, lookup, lookup, verdict([1, 2, 3], 0, 0))
-    assert draft.tokens == [] and looked_up is None  # none verified: a chunk's round
+    assert draft == Draft([], None) and looked_up is None  # a chunk's round, of no kind
     draft, looked_up = _as_verified(drafter, lookup, None, verdict([5, 6, 7, 8, 9], 4, None))
     assert draft == lookup and looked_up is None  # not sized: the draft as sent
     assert drafter.seen == [([5, 6, 7, 8], 3, 2), ([5, 6, 7, 8], 0, 0), ([5, 6, 7, 8], 4, 4)]
     _as_verified(drafter, Draft([], None), None, verdict([1, 2], 0, None))
     assert len(drafter.seen) == 3  # a round without a draft teaches a drafter nothing
+
+
+def test_a_draft_without_the_probabilities_rejection_needs_is_refused_however_sized():
+    from server.shared.protocol import SamplingParams
+    from server.verifier.errors import InvalidDraftProbs
+
+    _, cycle = build()
+    job = Job("a", None, request=PrefillRequest(
+        prompt="sampled", sampling=SamplingParams(temperature=0.8, seed=1), strategy="rejection"
+    ))  # fmt: skip
+    while not (answers := dict(cycle.step([job]).answers)):
+        pass
+    opened = answers[job]
+    for accept in (0.0, 0.99):  # none of it verified, or some: refused either way
+        assert isinstance(answered(cycle, sized_job(opened, [5, 6], accept)), InvalidDraftProbs)
+    check_engine(cycle.engine)
