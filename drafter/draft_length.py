@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 from drafter.candidates import DraftLength
 from drafter.chunk_pace import ChunkPace
-from drafter.measured_rate import MeasuredRate, ProbeSchedule, chunk_margin
+from drafter.measured_rate import (
+    AHEAD_PRIOR,
+    MeasuredRate,
+    ProbeSchedule,
+    chunk_margin,
+    line_added,
+    line_seconds,
+    mixed_rate,
+)
 from server.shared.draft_gain import Acceptance, expected_tokens
 
 # While the advice is not 0: chunks before a drafted round measures drafting again, from
@@ -184,6 +192,7 @@ class LinkAwareLength(DraftLength):
     k_ahead: int = 0
     _link_s: float | None = None
     _draft_s: float | None = None
+    _ahead_share: float = AHEAD_PRIOR  # of drafted rounds, those whose draft was ready
     advised: int | None = None  # the verifier's last advice (None: it gives none)
     pass_sessions: float | None = None  # sessions its passes hold (None: not told)
     chunking: bool = False
@@ -282,13 +291,13 @@ class LinkAwareLength(DraftLength):
             step = timing.verifier_s / timing.steps
             self._step_s = step if self._step_s is None else d * self._step_s + (1 - d) * step
         else:
-            n, x, y, xx, xy = self._fit
-            r, v = timing.rows, timing.verifier_s
-            self._fit = [d * n + 1, d * x + r, d * y + v, d * xx + r * r, d * xy + r * v]
+            self._fit = line_added(self._fit, timing.rows, timing.verifier_s, d)
         if timing.steps == 1:
             # A chunk's round trip holds its steps' waits for passes too: not the link's.
             link = max(0.0, timing.round_trip_s - timing.verifier_s)
             self._link_s = link if self._link_s is None else d * self._link_s + (1 - d) * link
+        if timing.rows > 1:
+            self._ahead_share = d * self._ahead_share + (1 - d) * timing.drafted_ahead
         if timing.rows > 1 and not timing.drafted_ahead:
             per_token = timing.draft_s / (timing.rows - 1)
             self._draft_s = (
@@ -314,27 +323,22 @@ class LinkAwareLength(DraftLength):
         elif self.advised is not None:
             # A draft pays the verifier. Whether it pays this user too: what differs is
             # the link, paid once a chunk, and the drafting. The verifier has priced the
-            # rows, so a round of any length, and a chunk's every step, costs what a
-            # round does now: a pass the other sessions fill (the line of rows run down
-            # to one row would price a step at a fraction of the pass it waits for).
-            # Measured against measured where both kinds were sent lately (chunks measured
-            # whole: their waits for passes in).
+            # rows, so a round of any length costs what a round does now, and so does a
+            # chunk's every step where other sessions fill the passes (the line of rows
+            # run down to one row would price a step at a fraction of the pass it waits
+            # for); alone, a step is a pass of one row, as chunks measured it. Measured
+            # against measured where both kinds were sent lately (chunks measured whole).
             flat = self.verifier_s(ceiling + 1)
             drafted = self._draft_rate.rate
             chunks = self._chunk_rate.rate if drafted is not None else None
-            drafted = drafted or max(
-                self.expected_tokens_per_s(self.k, False, flat),
-                self.expected_tokens_per_s(self.k_ahead, True, flat),
-            )
-            chunks = chunks or self.chunk_tokens_per_s(flat)
+            drafted = drafted or self.expected_drafting_per_s(flat)
+            step = self._step_s if self._step_s and (self.pass_sessions or 2.0) < 2.0 else flat
+            chunks = chunks or self.chunk_tokens_per_s(step)
             self.chunking = measured and chunks > chunk_margin(self.pass_sessions) * drafted
         elif not measured:
             self.chunking = False
         else:  # a verifier that gives no advice: this session's own model of its rounds
-            drafting = max(
-                self.expected_tokens_per_s(self.k), self.expected_tokens_per_s(self.k_ahead, True)
-            )
-            self.chunking = self.chunk_tokens_per_s() > drafting
+            self.chunking = self.chunk_tokens_per_s() > self.expected_drafting_per_s()
         if was and not self.chunking and self._chunks_to_probe > 0:
             # Leaving chunks for drafts: one chunk more first, during which the draft
             # model catches up with the tokens chunks brought (`drafts_soon`).
@@ -351,29 +355,31 @@ class LinkAwareLength(DraftLength):
         return self._acceptance.rate
 
     def verifier_s(self, rows: int) -> float:
-        n, x, y, xx, xy = self._fit
-        if n == 0:
-            return 0.0
-        spread = n * xx - x * x
-        if spread < 1e-9:  # one row count so far
-            if self.advised:  # the verifier advises drafts: rows cost it little now
-                return y / n
-            return y / n * rows / max(x / n, 1.0)  # as on a CPU: the time grows with rows
-        slope = max(0.0, (n * xy - x * y) / spread)
-        return max(0.0, (y - slope * x) / n + slope * rows)
+        # One row count so far: where the verifier advises drafts, rows cost it little now.
+        return line_seconds(self._fit, rows, flat=bool(self.advised))
 
     def expected_tokens_per_s(
         self, k: int, ahead: bool = False, verifier_s: float | None = None
     ) -> float:
         """`verifier_s`: the verifier's time for the round whatever k (else this
         session's line of it against its rows)."""
-        tokens = expected_tokens(self.acceptance, k)
+        tokens, seconds = self._expected_round(k, ahead, verifier_s)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def expected_drafting_per_s(self, verifier_s: float | None = None) -> float:
+        """Drafted rounds as they come: drafted ahead as often as lately, else after the
+        answer (the share measured from drafted rounds, AHEAD_PRIOR before them)."""
+        ahead = self._expected_round(self.k_ahead, True, verifier_s)
+        after = self._expected_round(self.k, False, verifier_s)
+        return mixed_rate(self._ahead_share, ahead, after)
+
+    def _expected_round(self, k: int, ahead: bool, verifier_s: float | None) -> tuple[float, float]:
         if verifier_s is None:
             verifier_s = self.verifier_s(k + 1)
         seconds = (self._link_s or 0.0) + verifier_s
         if not ahead:
             seconds += k * (self._draft_s or 0.0)
-        return tokens / seconds if seconds > 0 else 0.0
+        return expected_tokens(self.acceptance, k), seconds
 
     def chunk_tokens_per_s(self, step_s: float | None = None) -> float:
         """Measured, or expected with `step_s` the verifier's time a token (else the

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 # width, and it keeps passes running while their rounds are on their way). Alone, a
 # chunk costs nobody else: chunks are sent as soon as they come faster.
 CHUNK_MARGIN = 1.5
+# The share of drafted rounds whose draft was made while the round before was out, before
+# any has shown it: a draft made ahead is for the likeliest answers, and a rejection often
+# answers otherwise, after which the next draft waits for the draft model.
+AHEAD_PRIOR = 0.5
 
 
 @dataclass
@@ -89,3 +93,38 @@ def chunk_margin(pass_sessions: float | None) -> float:
         return CHUNK_MARGIN
     shared = min(max(pass_sessions - 1.0, 0.0), 1.0)
     return 1.0 + (CHUNK_MARGIN - 1.0) * shared
+
+
+def mixed_rate(ahead_share: float, ahead: tuple[float, float], after: tuple[float, float]) -> float:
+    """Tokens a second of drafted rounds, `ahead_share` of which find their draft made
+    while the round before was out (`ahead`: a round's expected tokens and seconds) and
+    the rest draft after the answer (`after`): the user waits for those drafts."""
+    tokens = ahead_share * ahead[0] + (1 - ahead_share) * after[0]
+    seconds = ahead_share * ahead[1] + (1 - ahead_share) * after[1]
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def line_added(fit: list[float], rows: int, seconds: float, decay: float) -> list[float]:
+    """The sums (n, x, y, xx, xy) of a line of seconds against rows fitted by least
+    squares, the rounds before weighing `decay` less, with one more round."""
+    n, x, y, xx, xy = fit
+    return [
+        decay * n + 1,
+        decay * x + rows,
+        decay * y + seconds,
+        decay * xx + rows * rows,
+        decay * xy + rows * seconds,
+    ]
+
+
+def line_seconds(fit: list[float], rows: int, flat: bool) -> float:
+    """The line's seconds at `rows` (0 before any round). Rounds of one row count so far:
+    their mean, `flat`, else growing with the rows, as on a CPU."""
+    n, x, y, xx, xy = fit
+    if n == 0:
+        return 0.0
+    spread = n * xx - x * x
+    if spread < 1e-9:
+        return y / n if flat else y / n * rows / max(x / n, 1.0)
+    slope = max(0.0, (n * xy - x * y) / spread)
+    return max(0.0, (y - slope * x) / n + slope * rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from drafter.draft_length import LinkAwareLength, RoundTiming
 from drafter.length_memory import LengthMemory, RememberingLength
+from drafter.measured_rate import AHEAD_PRIOR
 
 
 def generation(length: LinkAwareLength, rounds: int) -> list[int]:
@@ -40,6 +41,9 @@ def test_a_slots_next_generation_starts_from_what_the_last_one_measured():
     )
     assert first[0] > 0 and 0 in first  # it drafted, measured, and went to chunks
     assert memory.fit and memory.draft_s and memory.draft_rate and memory.chunk_rate
+    # No draft was ever ready when its answer came: the next generation knows it too.
+    assert memory.ahead_share is not None and memory.ahead_share < AHEAD_PRIOR
+    assert RememberingLength(maximum=16, memory=memory)._ahead_share == memory.ahead_share
     second = generation(
         RememberingLength(maximum=16, max_chunk=64, watched=False, memory=memory), 4
     )
