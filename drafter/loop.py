@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from drafter.candidates import Draft, Drafter
-from drafter.draft_length import DraftLength, FixedLength, RoundTiming
+from drafter.draft_length import DraftLength, RoundTiming
 from drafter.draft_readiness import catches_up, drafts_soon, holds_back
 from drafter.errors import VerifierRejected
 from drafter.lookup_gate import LookupGate
+from drafter.plain_lengths import FixedLength
 from drafter.remote_session import RemoteSessions
 from drafter.round_parts import count_round, round_timing, verify_request
 from drafter.speculation import SpeculationCache

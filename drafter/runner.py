@@ -10,7 +10,7 @@ from typing import Protocol
 from drafter.candidates import Drafter
 from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
-from drafter.draft_length import DoublingLength, DraftLength, FixedLength, LinkAwareLength
+from drafter.draft_length import DraftLength, LinkAwareLength
 from drafter.errors import DrafterError
 from drafter.length_memory import LengthMemory, RememberingLength
 from drafter.lookup_gate import LookupGate
@@ -18,6 +18,7 @@ from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
 from drafter.ngram import ModelWithLookup, NgramDrafter
 from drafter.output import BaselineResult
+from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import (
     LOOKUPS,
     MODEL_WITH_LOOKUP,

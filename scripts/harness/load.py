@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 from drafter.candidates import Draft, Drafter
 from drafter.client import VerifierClient
-from drafter.draft_length import FixedLength, LinkAwareLength
+from drafter.draft_length import LinkAwareLength
 from drafter.loop import SpeculativeLoop
 from drafter.model import DraftModel
+from drafter.plain_lengths import FixedLength
 from scripts.harness.metrics import Metrics
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest, VerifyResponse

@@ -5,12 +5,8 @@ import itertools
 import pytest
 
 from drafter.chunk_pace import CHUNK_S_FIRST, CHUNK_S_LAST
-from drafter.draft_length import (
-    DoublingLength,
-    FixedLength,
-    LinkAwareLength,
-    RoundTiming,
-)
+from drafter.draft_length import LinkAwareLength, RoundTiming
+from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import parse_draft_n
 
 

@@ -9,9 +9,10 @@ import inspect
 from pathlib import Path
 
 from drafter.candidates import Draft, Drafter, DraftLength
-from drafter.draft_length import DoublingLength, FixedLength, LinkAwareLength
+from drafter.draft_length import LinkAwareLength
 from drafter.model import DraftModel
 from drafter.ngram import ModelWithLookup, NgramDrafter
+from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.translate import TranslatingDrafter
 from server.shared.protocol import PrefillRequest, SamplingParams
 

@@ -10,9 +10,10 @@ import pytest
 
 from drafter.candidates import Draft, Drafter
 from drafter.chunk_pace import CHUNK_S_FIRST
-from drafter.draft_length import FixedLength, LinkAwareLength
+from drafter.draft_length import LinkAwareLength
 from drafter.errors import VerifierRejected
 from drafter.loop import SpeculativeLoop
+from drafter.plain_lengths import FixedLength
 from server.shared.acceptance import accept_greedy
 from server.shared.protocol import (
     SESSION_ID_PATTERN,
