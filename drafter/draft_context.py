@@ -63,6 +63,7 @@ class DraftContext:
         # server/shared/vocab.py): every sequence drafts within it.
         self.target_n_vocab: int | None = None
         self.vocab_relation = "same"  # "compatible" or "translated": what the run reports
+        self.draft_token_s: float | None = None  # timed by DraftModel.warm_up, if it ran
         self.shared_decodes = 0  # of those, calls carrying more than one sequence
         self._grammars = None  # compiled for this vocabulary on the first grammar
         self._grammars_lock = threading.Lock()

@@ -73,7 +73,9 @@ class LinkAwareLength(DraftLength):
     trip less the verifier's), the drafting time per token, and how often the next draft
     was ready when an answer came (speculation, drafter/speculation.py). A round of k is
     expected to commit (1 - a^(k+1)) / (1 - a) tokens in link + verifier(k + 1), plus
-    k * draft time when the draft is made after the answer. So two lengths: `next()` for a
+    k * draft time when the draft is made after the answer, and in no less than that when
+    made ahead (before a drafted round measures it: `draft_s_prior`, which `serve` times
+    as it warms the draft model up). So two lengths: `next()` for a
     draft made then (short on a slow CPU drafter: every token waits), `next(ahead=True)`
     for one made while the round is out (free to be longer: the wait pays for it). On a
     slow link both grow; next to the verifier they shrink (Leviathan et al., section 3.3,
@@ -107,6 +109,7 @@ class LinkAwareLength(DraftLength):
     k_ahead: int = 0
     _link_s: float | None = None
     _draft_s: float | None = None
+    draft_s_prior: float | None = None  # a draft token's time, DraftModel.warm_up's
     _ahead_share: float = AHEAD_PRIOR  # of drafted rounds, those whose draft was ready
     advised: int | None = None  # the verifier's last advice (None: it gives none)
     pass_sessions: float | None = None  # sessions its passes hold (None: not told)
@@ -190,9 +193,8 @@ class LinkAwareLength(DraftLength):
 
     def observe(self, timing: RoundTiming) -> None:
         d = self.decay
-        # Both kinds of round measured whole, as the user waits for them: under load what
-        # a round waits for passes is the other sessions' doing, which no model of this
-        # session's rows shows.
+        # Both kinds of round measured whole, as the user waits for them: under load, what
+        # a round waits for is the other sessions' doing, which no model of rows shows.
         if timing.rows == 1 and timing.round_trip_s > 0:
             self._chunk_rate.add(timing.steps, timing.round_trip_s, d)
             self._draft_rate.fade(d)
@@ -292,8 +294,8 @@ class LinkAwareLength(DraftLength):
         if verifier_s is None:
             verifier_s = self.verifier_s(k + 1)
         seconds = (self._link_s or 0.0) + verifier_s
-        if not ahead:
-            seconds += k * (self._draft_s or 0.0)
+        drafting = k * (self._draft_s if self._draft_s is not None else self.draft_s_prior or 0.0)
+        seconds = max(seconds, drafting) if ahead else seconds + drafting
         return expected_tokens(self.acceptance, k), seconds
 
     def chunk_tokens_per_s(self, step_s: float | None = None) -> float:

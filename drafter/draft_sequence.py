@@ -7,6 +7,7 @@ are kept, so a cache that ran ahead (a draft chain) is cut back without a decode
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -62,6 +63,15 @@ class DraftSequence:
         self._logits_at = {p: v for p, v in self._logits_at.items() if p > last - MAX_KEPT_LOGITS}
         self._logits_at[last] = logits
         return logits
+
+    def warm_up(self, token: int, alone: bool = False) -> float:
+        """One pass of one token (the weights read in), then one of two, timed: what a
+        draft waits for after an answer that took its draft, whose two new tokens the
+        model evaluates first. Its seconds; the cache holds both passes' tokens."""
+        self.evaluate([token], alone)
+        began = time.perf_counter()
+        self.evaluate([token, token], alone)
+        return time.perf_counter() - began
 
     def reset(self) -> None:
         """Forget the cache."""

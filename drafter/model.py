@@ -246,10 +246,11 @@ class DraftModel(Drafter):
             _sync_in_pieces(self.sequence, tokens, stop, self.decodes_alone)
 
     def warm_up(self) -> None:
-        """One pass of one token, then forgotten: llama.cpp reads the weights in on a
-        model's first pass (they are mapped from the file), which a first draft would
-        otherwise wait for, as llama.cpp's own tools warm up at load."""
-        self._evaluate(self.runtime.tokenize(" ", add_special=False)[:1] or [self.runtime.eos_id])
+        """llama.cpp reads the weights in on a model's first pass (they are mapped from
+        the file), which a first draft would otherwise wait for, as llama.cpp's own tools
+        warm up at load; then the context's `draft_token_s` (DraftSequence.warm_up)."""
+        token = (self.runtime.tokenize(" ", add_special=False)[:1] or [self.runtime.eos_id])[0]
+        self.context.draft_token_s = self.sequence.warm_up(token, alone=self.decodes_alone)
         self.reset()
 
     @property

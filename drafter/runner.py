@@ -188,12 +188,14 @@ def draft_length(
     info: InfoResponse,
     watched: bool = True,
     memory: LengthMemory | None = None,
+    draft_s_prior: float | None = None,
 ) -> DraftLength:
     """`auto`: the link-aware cost model for a model's drafts, doubling for prompt
     lookup's (see drafter/draft_length.py). `watched`: the tokens are shown or looked
     through as they come, which paces the chunks of rounds without a draft (ChunkPace);
     `memory`: what earlier generations of the same `serve` slot measured
-    (drafter/length_memory.py)."""
+    (drafter/length_memory.py); `draft_s_prior`: the draft model's time a draft token
+    before drafted rounds measure it (DraftModel.warm_up)."""
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter in LOOKUPS:
@@ -207,7 +209,12 @@ def draft_length(
     # A lookup behind the model looks through the text between chunks for a match: chunks
     # paced as a watched generation's, so that a copied span is found soon.
     watched = watched or settings.drafter in MODEL_WITH_LOOKUP
-    limits = {"maximum": info.max_draft, "max_chunk": info.max_chunk_tokens, "watched": watched}
+    limits = {
+        "maximum": info.max_draft,
+        "max_chunk": info.max_chunk_tokens,
+        "watched": watched,
+        "draft_s_prior": draft_s_prior,
+    }
     if memory is not None:
         return RememberingLength(**limits, memory=memory)
     return LinkAwareLength(**limits)
@@ -224,7 +231,7 @@ def speculative_loop(
     memory: LengthMemory | None = None,
 ) -> SpeculativeLoop:
     model.configure(draft_policy(settings))
-    length = draft_length(settings, info, watched, memory)
+    length = draft_length(settings, info, watched, memory, model.context.draft_token_s)
     # Where `auto` has the model step aside, a lookup's free drafts may still pay.
     gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(

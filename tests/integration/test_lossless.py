@@ -270,6 +270,19 @@ def test_warming_evaluates_the_prompt_the_verifier_will_hold(live_verifier, draf
             model.close()
 
 
+def test_warm_up_times_a_draft_token_and_leaves_the_cache_empty(drafter_model):
+    """What `serve` does as it starts: the draft model's weights read in, and the time of
+    the decode a draft waits for after an answer kept as `auto`'s prior."""
+    model = DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+    try:
+        assert model.context.draft_token_s is None
+        model.warm_up()
+        assert model.context.draft_token_s > 0
+        assert model.cached_tokens == []
+    finally:
+        model.close()
+
+
 def test_console_script_streams_text_and_stats(live_verifier):
     script = Path(sys.executable).parent / "draft_token_generator"
     env = {**os.environ, "DRAFTER_SERVER": live_verifier.url}

@@ -6,6 +6,7 @@ import pytest
 
 from drafter.chunk_pace import CHUNK_S_FIRST, CHUNK_S_LAST
 from drafter.draft_length import LinkAwareLength, RoundTiming
+from drafter.length_memory import LengthMemory, RememberingLength
 from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import parse_draft_n
 
@@ -73,6 +74,39 @@ def test_link_aware_expectation_is_the_geometric_model():
     assert length.next(ahead=True) >= length.next()
 
 
+def test_a_draft_made_ahead_comes_no_faster_than_its_drafting():
+    length = LinkAwareLength(maximum=8)
+    length.observe(timing(5, 0.05, 0.02, 0.4))  # 0.1 s a drafted token: slower than rounds
+    a = length.acceptance
+    expected_tokens = (1 - a**4) / (1 - a)
+    assert length.expected_tokens_per_s(3, ahead=True) == pytest.approx(expected_tokens / 0.3)
+
+
+def first_generation(
+    draft_s_prior: float | None, step_s: float, link_s: float, advised: int = 1
+) -> int:
+    """A `serve` slot's first generation, alone on a verifier that advises `advised`: its
+    first round goes without a draft (the draft model still warming the prompt), one
+    token; the next round's length."""
+    length = LinkAwareLength(maximum=16, max_chunk=64, watched=False, draft_s_prior=draft_s_prior)
+    length.advise(advised, pass_sessions=1.0)
+    assert length.next() == advised  # nothing measured: the advice
+    length.update(0, 0)
+    length.advise(advised, pass_sessions=1.0)
+    length.observe(RoundTiming(1, step_s, step_s + link_s, 0.0, False))
+    return length.next()
+
+
+def test_a_draft_model_as_slow_as_the_verifier_steps_aside_before_drafting():
+    # A CPU pair: the draft model's decode of an answer's tokens (35 ms) longer than the
+    # verifier's step (25 ms): the verifier's own tokens come sooner than drafted ones.
+    assert first_generation(0.035, step_s=0.025, link_s=0.003) == 0
+    # Unknown, drafting looks free until a drafted round has measured it.
+    assert first_generation(None, step_s=0.025, link_s=0.003) == 1
+    # A Mac's draft model beside a GPU verifier that advises 4: drafting pays.
+    assert first_generation(0.004, step_s=0.010, link_s=0.003, advised=4) >= 1
+
+
 def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
     length = DoublingLength(maximum=16, start=4)
     seen = []
@@ -125,6 +159,11 @@ def test_auto_means_the_schedule_that_suits_the_drafter():
     assert isinstance(length(draft_n="auto", drafter="ngram"), DoublingLength)
     assert length(draft_n="auto", drafter="ngram").maximum == 16
     assert length(draft_n=3) == FixedLength(3)
+    # `serve`'s warm-up timing reaches auto, and its slot's memory (drafter/length_memory.py)
+    timed = draft_length(DrafterSettings(draft_n="auto"), info, draft_s_prior=0.03)
+    assert timed.draft_s_prior == 0.03
+    remembered = draft_length(DrafterSettings(), info, memory=LengthMemory(), draft_s_prior=0.03)
+    assert isinstance(remembered, RememberingLength) and remembered.draft_s_prior == 0.03
 
 
 def test_parse_draft_n():
