@@ -6,6 +6,21 @@ acceptance, the verifier's time against its rows, the link's time, the drafting 
 and how often the next draft was ready when an answer came), so that one default drafts
 short next to the verifier and long over a slow link.
 
+Rounds without a draft (k = 0), where the verifier decodes chunks of its own tokens
+(`max_chunk` > 1), ask for `chunk()` tokens (`ChunkPace`: `watched` or not). Chosen
+from the start where the verifier advises 0 (`advise`: its rows cost as much
+as the tokens they win, for this session and its load, server/verifier/advice.py),
+and whenever the rate chunks gave (measured whole: under load a chunk's steps share
+passes unevenly) beats the best draft's rate (measured, or expected before four
+drafted rounds); k never exceeds the advice (at least `minimum`). While chunking, a
+drafted round is sent now and then (after 4, 8, 16, ... chunks) to measure again
+what only drafting shows, the acceptance the verifier advises from included; while
+drafting where the verifier advises a draft, a short chunk now and then (after 4, 8,
+16, ... drafted rounds) measures what chunks give, and chunks are sent once they
+come faster (by CHUNK_MARGIN where other sessions share the passes:
+`pass_sessions`). The round before any drafted one is a chunk (`drafts_soon`), for
+the draft model to catch up meanwhile, not on the drafted round's path.
+
 Pure: no model, no clock (the loop passes the times it measured).
 """
 
@@ -80,21 +95,7 @@ class LinkAwareLength(DraftLength):
     for one made while the round is out (free to be longer: the wait pays for it). On a
     slow link both grow; next to the verifier they shrink (Leviathan et al., section 3.3,
     with the link added).
-
-    k = 0, where the verifier can decode chunks of its own tokens (`max_chunk` > 1): a
-    round without a draft asks for `chunk()` tokens (`ChunkPace`: `watched` or not).
-    Chosen from the start where the verifier advises 0 (`advise`: its rows cost as much
-    as the tokens they win, for this session and its load, server/verifier/advice.py),
-    and whenever the rate chunks gave (measured whole: under load a chunk's steps share
-    passes unevenly) beats the best draft's rate (measured, or expected before four
-    drafted rounds); k never exceeds the advice (at least `minimum`). While chunking, a
-    drafted round is sent now and then (after 4, 8, 16, ... chunks) to measure again
-    what only drafting shows, the acceptance the verifier advises from included; while
-    drafting where the verifier advises a draft, a short chunk now and then (after 4, 8,
-    16, ... drafted rounds) measures what chunks give, and chunks are sent once they
-    come faster (by CHUNK_MARGIN where other sessions share the passes:
-    `pass_sessions`). The round before any drafted one is a chunk (`drafts_soon`), for
-    the draft model to catch up meanwhile, not on the drafted round's path."""
+    Rounds without a draft: see the module's doc."""
 
     maximum: int
     start: int = 4
@@ -139,10 +140,14 @@ class LinkAwareLength(DraftLength):
         return self.k_ahead if ahead else self.k
 
     @property
+    def _alone(self) -> bool:
+        """This session's rounds have the verifier's passes to themselves, or nearly."""
+        return self.pass_sessions is not None and self.pass_sessions < 2.0
+
+    @property
     def _drafting_under_advice(self) -> bool:
         """And alone: where others share the passes, a chunk is priced at their pass."""
-        alone = self.pass_sessions is not None and self.pass_sessions < 2.0
-        return alone and not self.chunking and bool(self.advised) and self.max_chunk > 1
+        return self._alone and not self.chunking and bool(self.advised) and self.max_chunk > 1
 
     @property
     def _chunk_probe_due(self) -> bool:
@@ -216,10 +221,10 @@ class LinkAwareLength(DraftLength):
         if timing.rows > 1:
             self._ahead_share = d * self._ahead_share + (1 - d) * timing.drafted_ahead
         if timing.rows > 1 and not timing.drafted_ahead:
-            per_token = timing.draft_s / (timing.rows - 1)
-            self._draft_s = (
-                per_token if self._draft_s is None else (d * self._draft_s + (1 - d) * per_token)
-            )
+            # From the prior, where one was timed: a generation's first draft often finds
+            # its logits ready (the prompt warmed), which later drafts do not.
+            per_token, before = timing.draft_s / (timing.rows - 1), self._drafting_s
+            self._draft_s = per_token if before is None else d * before + (1 - d) * per_token
         self._choose()
 
     def _choose(self) -> None:
@@ -243,13 +248,14 @@ class LinkAwareLength(DraftLength):
             # rows, so a round of any length costs what a round does now, and so does a
             # chunk's every step where other sessions fill the passes (the line of rows
             # run down to one row would price a step at a fraction of the pass it waits
-            # for); alone, a step is a pass of one row, as chunks measured it. Measured
-            # against measured where both kinds were sent lately (chunks measured whole).
+            # for); alone, a step is a pass of one row, as chunks measured it (before
+            # them, the line at one row). Measured against measured where both kinds were
+            # sent lately (chunks measured whole).
             flat = self.verifier_s(ceiling + 1)
             drafted = self._draft_rate.rate
             chunks = self._chunk_rate.rate if drafted is not None else None
             drafted = drafted or self.expected_drafting_per_s(flat)
-            step = self._step_s if self._step_s and (self.pass_sessions or 2.0) < 2.0 else flat
+            step = (self._step_s or self.verifier_s(1)) if self._alone else flat
             chunks = chunks or self.chunk_tokens_per_s(step)
             self.chunking = measured and chunks > chunk_margin(self.pass_sessions) * drafted
         elif not measured:
@@ -294,9 +300,13 @@ class LinkAwareLength(DraftLength):
         if verifier_s is None:
             verifier_s = self.verifier_s(k + 1)
         seconds = (self._link_s or 0.0) + verifier_s
-        drafting = k * (self._draft_s if self._draft_s is not None else self.draft_s_prior or 0.0)
+        drafting = k * (self._drafting_s or 0.0)
         seconds = max(seconds, drafting) if ahead else seconds + drafting
         return expected_tokens(self.acceptance, k), seconds
+
+    @property
+    def _drafting_s(self) -> float | None:
+        return self._draft_s if self._draft_s is not None else self.draft_s_prior
 
     def chunk_tokens_per_s(self, step_s: float | None = None) -> float:
         """Measured, or expected with `step_s` the verifier's time a token (else the

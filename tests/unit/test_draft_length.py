@@ -107,6 +107,32 @@ def test_a_draft_model_as_slow_as_the_verifier_steps_aside_before_drafting():
     assert first_generation(0.004, step_s=0.010, link_s=0.003, advised=4) >= 1
 
 
+def test_a_first_draft_found_ready_does_not_erase_the_timed_prior():
+    # The prompt warmed while the verifier prefilled: the first draft's logits were ready.
+    timed = LinkAwareLength(maximum=8, draft_s_prior=0.02)
+    timed.observe(timing(2, 0.04, 0.003, 0.0))
+    assert timed._draft_s == pytest.approx(0.9 * 0.02)
+    untimed = LinkAwareLength(maximum=8)
+    untimed.observe(timing(2, 0.04, 0.003, 0.0))
+    assert untimed._draft_s == 0.0
+
+
+def test_alone_a_chunk_step_before_chunks_is_the_line_at_one_row():
+    """Rows cost as on a CPU (20 ms + 10 ms a row) and the draft model 30 ms a token: alone,
+    chunks are expected at the line's one row (30 ms), faster than drafted rounds; where
+    others share the passes, a chunk's step waits for their pass (priced as a round)."""
+
+    def after_two_drafted_rounds(pass_sessions: float) -> bool:
+        length = LinkAwareLength(maximum=8, max_chunk=64, watched=False)
+        for rows in (2, 4):
+            length.advise(3, pass_sessions)
+            length.observe(timing(rows, 0.020 + 0.010 * rows, 0.003, 0.030 * (rows - 1)))
+        return length.chunking
+
+    assert after_two_drafted_rounds(1.0)
+    assert not after_two_drafted_rounds(3.0)
+
+
 def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
     length = DoublingLength(maximum=16, start=4)
     seen = []
