@@ -34,9 +34,11 @@ Systems (--systems):
 - with --llama-server: `llama` (plain decoding), `llama-md` (`-md` with the draft model and
   `--spec-type draft-simple`: `-md` alone loads the model and drafts nothing in this
   llama.cpp), `llama-ngram` (`--spec-type ngram-simple`), `llama-ngram-mod`,
-  `llama-ngram-cache` (`--spec-type ngram-mod`, `ngram-cache`). llama-server renders its chat
-  template with Jinja by default (SmolLM2's adds a system prompt ours has not: compare
-  tokens per second, not texts); `--llama-args=--no-jinja` makes it render as ours does.
+  `llama-ngram-cache` (`--spec-type ngram-mod`, `ngram-cache`), `llama-ngram-mod-62`
+  (`ngram-mod` with `--spec-ngram-mod-n-max 62`: its passes stay below the tile of 64
+  rows). llama-server renders its chat template with Jinja by default (SmolLM2's adds a
+  system prompt ours has not: compare tokens per second, not texts);
+  `--llama-args=--no-jinja` makes it render as ours does.
 
 Tokens per second: generated tokens over the wall seconds of a family's requests, as the
 client saw them (prompt evaluation included). Mean accepted tokens (Spec-Bench's figure,
@@ -162,6 +164,14 @@ LLAMA = (
     ),
     System("llama-ngram", "llama-server ngram-simple", "llama", ("--spec-type", "ngram-simple")),
     System("llama-ngram-mod", "llama-server ngram-mod", "llama", ("--spec-type", "ngram-mod")),
+    # Drafts of at most 62 tokens: every pass below the tile of 64 rows, where a row's
+    # logits are those of the row alone (docs/numerics.md), as ours are.
+    System(
+        "llama-ngram-mod-62",
+        "llama-server ngram-mod, drafts <= 62",
+        "llama",
+        ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "62"),
+    ),
     System(
         "llama-ngram-cache", "llama-server ngram-cache", "llama", ("--spec-type", "ngram-cache")
     ),
