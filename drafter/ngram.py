@@ -83,9 +83,10 @@ class ModelWithLookup(Drafter):
     """A lookup's drafts (prompt lookup, or the suffix drafter over the user's history)
     where the text so far has a match, the draft model's otherwise. The model warms and
     catches up (a round without a draft is its time to, whoever drafts next) and follows
-    the verifier's rules; both learn from a finished generation. Answers are not ranked:
-    the model's ranking would be of drafts it did not make, and a lookup's next draft
-    costs nothing to make when its answer comes."""
+    the verifier's rules; both learn from a finished generation. The model ranks the
+    answers to its own drafts; a lookup's are not ranked (the model's ranking would be of
+    a draft it did not make, and a lookup's next draft costs nothing to make when its
+    answer comes)."""
 
     catches_up = True
     mixes_kinds = True
@@ -121,7 +122,10 @@ class ModelWithLookup(Drafter):
     def likely_answers(
         self, committed: Sequence[int], draft: Sequence[int], limit: int
     ) -> list[tuple[int, int]] | None:
-        return None
+        # The lookup's draft is the one it makes again from the same text (it is pure).
+        if self.lookup.get_candidates(committed, len(draft)).tokens == list(draft):
+            return None
+        return self.model.likely_answers(committed, draft, limit)
 
     def answered(self, draft: Draft, verified: int, accepted_prefix_len: int) -> None:
         (self.lookup if draft.lookup else self.model).answered(draft, verified, accepted_prefix_len)

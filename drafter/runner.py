@@ -12,6 +12,7 @@ from drafter.client import VerifierClient
 from drafter.compat import check_protocol, check_vocabulary
 from drafter.draft_length import DraftLength, LinkAwareLength
 from drafter.errors import DrafterError
+from drafter.history_lookup import HistoryLookup
 from drafter.length_memory import LengthMemory, RememberingLength
 from drafter.lookup_gate import LookupGate
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
@@ -22,6 +23,7 @@ from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import (
     LOOKUPS,
     MODEL_WITH_LOOKUP,
+    WITH_HISTORY,
     DrafterKind,
     DrafterSettings,
     OutputFormat,
@@ -155,19 +157,26 @@ def candidate_generator(
     target: LlamaVocab | None = None,
     history: SuffixHistory | None = None,
     sized: bool = False,
+    copy_ngram: int = 0,
 ) -> Drafter:
     """Who drafts: the draft model (through text when `target`, the verifier's
     vocabulary, is given), a lookup (prompt lookup, or the suffix drafter over `history`,
     the user's own), or a lookup with the model behind. `sized`: the verifier sizes a
-    lookup's draft at its estimated acceptance (/info `lookup_sizing`)."""
+    lookup's draft at its estimated acceptance (/info `lookup_sizing`); `copy_ngram`: the
+    repeat its chunks copy from (/info `chunk_copy_ngram`), which `model+history` leaves
+    to it."""
     drafter = model if target is None else TranslatingDrafter(model, target)
     if settings.drafter == DrafterKind.model:
         return drafter
     # A lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
     sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
-    if settings.drafter in (DrafterKind.suffix, DrafterKind.model_suffix):
-        lookup: Drafter = SuffixDrafter(n_vocab, history, sample_drafts=sampled, sized=sized)
+    if settings.drafter == DrafterKind.model_history:
+        lookup: Drafter = HistoryLookup(
+            n_vocab, history, copy_ngram=copy_ngram, sample_drafts=sampled, sized=sized
+        )
+    elif settings.drafter in WITH_HISTORY:
+        lookup = SuffixDrafter(n_vocab, history, sample_drafts=sampled, sized=sized)
     else:
         lookup = NgramDrafter(n_vocab, sample_drafts=sampled)
     return lookup if settings.drafter in LOOKUPS else ModelWithLookup(lookup, drafter)
@@ -175,7 +184,7 @@ def candidate_generator(
 
 def user_history(settings: DrafterSettings) -> SuffixHistory | None:
     """The suffix drafter's history for this process (None for other drafters)."""
-    if settings.drafter not in (DrafterKind.suffix, DrafterKind.model_suffix):
+    if settings.drafter not in WITH_HISTORY:
         return None
     try:
         return SuffixHistory(settings.history_tokens, path=settings.history_file)
@@ -207,8 +216,9 @@ def draft_length(
         # cost model follows measured times, which vary: a seeded run must repeat.
         return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
     # A lookup behind the model looks through the text between chunks for a match: chunks
-    # paced as a watched generation's, so that a copied span is found soon.
-    watched = watched or settings.drafter in MODEL_WITH_LOOKUP
+    # paced as a watched generation's, so that a copied span is found soon. Not the
+    # history's alone: the session's own repeats, the most of them, the verifier copies.
+    watched = watched or settings.drafter in MODEL_WITH_LOOKUP - {DrafterKind.model_history}
     limits = {
         "maximum": info.max_draft,
         "max_chunk": info.max_chunk_tokens,
@@ -235,7 +245,9 @@ def speculative_loop(
     # Where `auto` has the model step aside, a lookup's free drafts may still pay.
     gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(
-        candidate_generator(model, settings, target, history, info.lookup_sizing),
+        candidate_generator(
+            model, settings, target, history, info.lookup_sizing, info.chunk_copy_ngram
+        ),
         client,
         draft_n=length,
         n_ctx=info.n_ctx,

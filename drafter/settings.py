@@ -27,12 +27,17 @@ class DrafterKind(StrEnum):
     model_ngram = "model+ngram"
     suffix = "suffix"
     model_suffix = "model+suffix"
+    model_history = "model+history"
 
 
 # Who drafts by looking text up, with no model of its own (drafter/ngram.py, suffix.py).
 LOOKUPS = frozenset({DrafterKind.ngram, DrafterKind.suffix})
 # A lookup with the draft model behind it.
-MODEL_WITH_LOOKUP = frozenset({DrafterKind.model_ngram, DrafterKind.model_suffix})
+MODEL_WITH_LOOKUP = frozenset(
+    {DrafterKind.model_ngram, DrafterKind.model_suffix, DrafterKind.model_history}
+)
+# Who drafts from the user's history (drafter/suffix.py, history_lookup.py).
+WITH_HISTORY = frozenset({DrafterKind.suffix, DrafterKind.model_suffix, DrafterKind.model_history})
 
 
 class OutputFormat(StrEnum):
@@ -126,7 +131,9 @@ class DrafterSettings(BaseSettings):
         "user's own history (suffix: this process's generations and --history-file, no "
         "model), or either lookup with the model behind it (model+ngram, model+suffix: "
         "where auto has the model step aside, the lookup's drafts still go while its "
-        "rounds come as fast as the verifier's own tokens).",
+        "rounds come as fast as the verifier's own tokens); model+history: the model, and "
+        "the user's history only where the session's own text has no repeat the verifier "
+        "copies, on a match of 12 tokens or more.",
     )
     history_file: Path | None = Field(
         None,

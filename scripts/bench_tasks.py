@@ -27,8 +27,9 @@ Systems (--systems):
 - `verifier`: the verifier alone, decoding on its own (POST /generate, the prompt rendered
   with the model's chat template as `serve` renders it); no drafting, no HTTP per token;
 - `default`: `serve` as installed; `ngram`: `serve --drafter ngram` (prompt lookup);
-  `model+ngram`: `serve --drafter model+ngram`; `suffix`, `model+suffix`: the suffix
-  drafter over the history of the run's earlier questions (one `serve` answers them all);
+  `model+ngram`: `serve --drafter model+ngram`; `suffix`, `model+suffix`,
+  `model+history`: the suffix drafter over the history of the run's earlier questions
+  (one `serve` answers them all); `model`: `serve --drafter model`;
   `k4`: `serve --draft-n 4` (the draft model, a fixed four tokens a round); `k0`:
   `serve --draft-n 0` (no drafting asked for);
 - with --llama-server: `llama` (plain decoding), `llama-md` (`-md` with the draft model and
@@ -149,6 +150,8 @@ OURS = (
     # One `serve` answers every question of a run: its history is the user's earlier ones.
     System("suffix", "ours, suffix", "serve", ("--drafter", "suffix")),
     System("model+suffix", "ours, model+suffix", "serve", ("--drafter", "model+suffix")),
+    System("model+history", "ours, model+history", "serve", ("--drafter", "model+history")),
+    System("model", "ours, model", "serve", ("--drafter", "model")),
     System("k4", "ours, k=4", "serve", ("--draft-n", "4")),
     System("k0", "ours, k=0", "serve", ("--draft-n", "0")),
 )

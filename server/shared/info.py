@@ -62,6 +62,11 @@ class InfoResponse(ResponseModel):
     lookup_sizing: bool = Field(
         False, description="a lookup's draft may carry draft_accept (the verifier sizes it)"
     )
+    chunk_copy_ngram: int = Field(
+        0,
+        description="a chunk's step copies where the session's last this many tokens "
+        "occurred earlier in its text (0: never)",
+    )
     strategies: dict[str, bool] = Field(
         default_factory=lambda: dict(LOSSLESS),
         description="verification strategies, each mapped to whether it is lossless here",

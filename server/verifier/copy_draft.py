@@ -25,13 +25,13 @@ long exact repeat). Pure but for that anchor, kept on the session.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from server.shared.draft_gain import Acceptance, expected_tokens
 from server.shared.protocol import Strategy
+from server.shared.repeats import copy_source
 from server.verifier.advice import NEAR_BEST, PassCost
 
 # A repeat of this many tokens before a copy is made: llama.cpp's ngram-simple default.
@@ -39,7 +39,6 @@ COPY_NGRAM = 12
 # Before a copy is judged: a = 0.9, as weak as a round or two (a long exact repeat goes on
 # more often than not; one that does not shows it at once).
 COPY_PRIOR = Acceptance(accepted=9.0, rejected=1.0)
-TOKEN_BYTES = array("i").itemsize
 # After a copy breaks off, how far past where it left the source its last tokens are looked
 # for, beyond the tokens the text has come since (an edit that is shorter than what it
 # replaced).
@@ -52,24 +51,6 @@ RESYNC_MATCH = 2
 RESYNC_PRIOR = Acceptance(accepted=3.0, rejected=1.0)
 # Strategies that judge a draft without the drafter's probabilities.
 COPYABLE = (Strategy.greedy, Strategy.match)
-
-
-def copy_source(tokens: Sequence[int], ngram: int) -> int | None:
-    """Where what followed the latest earlier occurrence of the last `ngram` tokens of
-    `tokens` starts; None where they occur nowhere earlier."""
-    n = len(tokens)
-    if ngram <= 0 or n <= ngram:
-        return None
-    # Searched as bytes, in C: every step of a chunk searches the session's whole text.
-    # A match must start on a token's boundary; one that does not is skipped.
-    text = array("i", tokens).tobytes()
-    pattern = text[(n - ngram) * TOKEN_BYTES :]
-    end = (n - 1) * TOKEN_BYTES  # an occurrence ends before the pattern itself does
-    while (at := text.rfind(pattern, 0, end)) >= 0:
-        if at % TOKEN_BYTES == 0:
-            return at // TOKEN_BYTES + ngram
-        end = at + len(pattern) - 1
-    return None
 
 
 def resync_source(tokens: Sequence[int], anchor: tuple[int, int] | None, span: int) -> int | None:

@@ -362,5 +362,6 @@ def engine_info(engine: Engine) -> InfoResponse:
         prefix_cache=engine.prefix_cache,
         lookup_drafts=True,
         lookup_sizing=engine.copier.sizing,
+        chunk_copy_ngram=engine.copier.ngram,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
     )

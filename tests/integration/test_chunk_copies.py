@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from scripts.harness.metrics import Metrics
+from server.verifier.copy_draft import COPY_NGRAM
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +79,9 @@ def test_a_sized_lookup_on_the_real_model_is_the_verifiers_own_tokens(live_verif
     what its measured passes say pays, or runs the chunk asked for; either way the tokens
     are the verifier's own, and the answer says how much of the draft was verified."""
     url = live_verifier.url
-    assert httpx.get(f"{url}/info", timeout=60).json()["lookup_sizing"] is True
+    info = httpx.get(f"{url}/info", timeout=60).json()
+    assert info["lookup_sizing"] is True
+    assert info["chunk_copy_ngram"] == COPY_NGRAM  # what `model+history` leaves to its copies
     for accept in (1.0, 0.0):
         opened = httpx.post(f"{url}/prefill", json={"prompt": PROMPT}, timeout=300).json()
         own = reference.greedy(opened["prompt_ids"], 8)

@@ -161,6 +161,7 @@ SPEED_CONFIGS = {
     "model+ngram": ("auto", "--drafter", "model+ngram"),
     "suffix": ("auto", "--drafter", "suffix"),
     "model+suffix": ("auto", "--drafter", "model+suffix"),
+    "model+history": ("auto", "--drafter", "model+history"),
     "p-min": ("8", "--p-min", "0.5"),
 }
 SPEED_PROMPTS = [

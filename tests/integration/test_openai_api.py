@@ -688,13 +688,14 @@ def test_logprobs_under_a_grammar_list_only_the_tokens_it_allows(local_api):
         assert len(content[-1].top_logprobs) < 5  # the end: only the end-of-turn tokens
 
 
-@pytest.mark.parametrize("drafter", ["suffix", "model+suffix"])
+@pytest.mark.parametrize("drafter", ["suffix", "model+suffix", "model+history"])
 def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, drafter):
     """`--drafter suffix`: a request's text joins serve's history when it ends, so the
     same question again is drafted from the first answer; both are the verifier's own.
     With the model behind the lookup (`model+suffix`), where the model steps aside on
-    this CPU, the lookup's drafts still go."""
-    prompt = "List the planets of the solar system, one per line:\n"
+    this CPU, the lookup's drafts still go; `model+history` drafts from the history alone,
+    on a match as long as the verifier's copies wait for (the prompt holds one)."""
+    prompt = "List the eight planets of the solar system in order from the Sun, one per line:\n"
     api = LocalAPI(live_verifier.url, "--drafter", drafter)
     try:
         client = api.client()

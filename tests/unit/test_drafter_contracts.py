@@ -10,9 +10,11 @@ from pathlib import Path
 
 from drafter.candidates import Draft, Drafter, DraftLength
 from drafter.draft_length import LinkAwareLength
+from drafter.history_lookup import HistoryLookup
 from drafter.model import DraftModel
 from drafter.ngram import ModelWithLookup, NgramDrafter
 from drafter.plain_lengths import DoublingLength, FixedLength
+from drafter.suffix import SuffixDrafter
 from drafter.translate import TranslatingDrafter
 from server.shared.protocol import PrefillRequest, SamplingParams
 
@@ -22,7 +24,8 @@ LOOP_MODULES = ["loop", "warming", "speculation", "draft_readiness", "ngram", "r
 
 
 def test_every_drafter_and_length_stands_on_its_contract():
-    for drafter in (DraftModel, NgramDrafter, ModelWithLookup, TranslatingDrafter):
+    drafters = (DraftModel, NgramDrafter, SuffixDrafter, HistoryLookup, ModelWithLookup)
+    for drafter in (*drafters, TranslatingDrafter):
         assert issubclass(drafter, Drafter), drafter
         assert drafter.get_candidates is not Drafter.get_candidates, drafter
     for length in (FixedLength, DoublingLength, LinkAwareLength):
@@ -74,11 +77,12 @@ class Recording(Drafter):
         self.calls.append("finish")
 
 
-def test_model_with_lookup_forwards_every_hook_but_the_ranking_to_the_model():
+def test_model_with_lookup_forwards_every_hook_to_the_model_but_a_lookups_ranking():
     model = Recording()
     both = ModelWithLookup(NgramDrafter(10), model)
     assert (both.warms, both.catches_up) == (True, True)
-    assert both.likely_answers([1, 2], [3], 4) is None  # a lookup's drafts: not ranked
+    assert both.likely_answers([1, 2], [3], 4) == [(0, 9)]  # the model's draft: its ranking
+    assert both.likely_answers([5, 6, 7, 5, 6], [7], 4) is None  # a lookup's: not ranked
     assert both.get_candidates([1, 2, 3, 4], 2).tokens == [1, 1]  # no match: the model's
     both.warm(PrefillRequest(prompt_tokens=[1, 2]))
     assert both.catch_up([1, 2]) is False
@@ -89,7 +93,7 @@ def test_model_with_lookup_forwards_every_hook_but_the_ranking_to_the_model():
     # A lookup's own draft, for a round the model would not draft: the lookup's alone.
     assert both.lookup_draft([5, 6, 7, 5, 6], 2).tokens == [7, 5]
     assert both.lookup_draft([1, 2, 3, 4], 2).tokens == []
-    assert sorted(model.calls) == sorted(set(HOOKS) - {"likely_answers", "lookup_draft"})
+    assert sorted(model.calls) == sorted(set(HOOKS) - {"lookup_draft"})
     for hook in HOOKS:  # each overridden, none left to the default
         assert getattr(ModelWithLookup, hook) is not getattr(Drafter, hook), hook
 
