@@ -126,25 +126,26 @@ class DrafterSettings(BaseSettings):
         "with prompt lookup, x2 after a whole draft was accepted, else one past what was.",
     )
     drafter: DrafterKind = Field(
-        DrafterKind.model,
-        description="Who drafts: the draft model, prompt lookup (ngram, no model), the "
+        DrafterKind.model_history,
+        description="Who drafts: the draft model (model), prompt lookup (ngram, no model), the "
         "user's own history (suffix: this process's generations and --history-file, no "
         "model), or either lookup with the model behind it (model+ngram, model+suffix: "
         "where auto has the model step aside, the lookup's drafts still go while its "
-        "rounds come as fast as the verifier's own tokens); model+history: the model, and "
-        "the user's history only where the session's own text has no repeat the verifier "
-        "copies, on a match of 12 tokens or more.",
+        "rounds come as fast as the verifier's own tokens); model+history (the default): "
+        "the model, and the user's history (as suffix's) only where the session's own text "
+        "has no repeat the verifier copies, on a match of 12 tokens or more.",
     )
     history_file: Path | None = Field(
         None,
-        description="With the suffix drafter: a file of earlier generations' tokens, read "
-        "at start and each generation appended (JSON lines); none: this process's only.",
+        description="With a drafter of the user's history (suffix, model+suffix, "
+        "model+history): a file of earlier generations' tokens, read at start and each "
+        "generation appended (JSON lines); none: this process's only.",
     )
     history_tokens: int = Field(
         200_000,
         ge=0,
-        description="With the suffix drafter: the most tokens of history kept, the oldest "
-        "generations dropped first.",
+        description="With a drafter of the user's history: the most tokens of it kept, the "
+        "oldest generations dropped first.",
     )
     pipeline: bool | None = Field(
         None,
