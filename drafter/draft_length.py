@@ -249,13 +249,13 @@ class LinkAwareLength(DraftLength):
             # chunk's every step where other sessions fill the passes (the line of rows
             # run down to one row would price a step at a fraction of the pass it waits
             # for); alone, a step is a pass of one row, as chunks measured it (before
-            # them, the line at one row). Measured against measured where both kinds were
-            # sent lately (chunks measured whole).
+            # them, the line at one row, unless it reads none). Measured against measured
+            # where both kinds were sent lately (chunks measured whole).
             flat = self.verifier_s(ceiling + 1)
             drafted = self._draft_rate.rate
             chunks = self._chunk_rate.rate if drafted is not None else None
             drafted = drafted or self.expected_drafting_per_s(flat)
-            step = (self._step_s or self.verifier_s(1)) if self._alone else flat
+            step = (self._step_s or self.verifier_s(1) or flat) if self._alone else flat
             chunks = chunks or self.chunk_tokens_per_s(step)
             self.chunking = measured and chunks > chunk_margin(self.pass_sessions) * drafted
         elif not measured:

@@ -7,6 +7,7 @@ are kept, so a cache that ran ahead (a draft chain) is cut back without a decode
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -17,6 +18,8 @@ from server.shared.prefix import common_prefix_len
 
 # Logits rows kept for cutting the cache back without a decode: two rounds of drafts.
 MAX_KEPT_LOGITS = 40
+# Timed passes of the warm-up: their median is the draft model's time.
+WARM_UP_PASSES = 3
 
 
 class DraftSequence:
@@ -65,13 +68,21 @@ class DraftSequence:
         return logits
 
     def warm_up(self, token: int, alone: bool = False) -> float:
-        """One pass of one token (the weights read in), then one of two, timed: what a
+        """One pass of one token (the weights read in), then passes of two, timed: what a
         draft waits for after an answer that took its draft, whose two new tokens the
-        model evaluates first. Its seconds; the cache holds both passes' tokens."""
-        self.evaluate([token], alone)
-        began = time.perf_counter()
-        self.evaluate([token, token], alone)
-        return time.perf_counter() - began
+        model evaluates first. The median of their seconds (one pass alone may have
+        waited on anything else the machine ran); the cache is left empty, whatever
+        failed."""
+        try:
+            self.evaluate([token], alone)
+            seconds = []
+            for _ in range(WARM_UP_PASSES):
+                began = time.perf_counter()
+                self.evaluate([token, token], alone)
+                seconds.append(time.perf_counter() - began)
+            return statistics.median(seconds)
+        finally:
+            self.reset()
 
     def reset(self) -> None:
         """Forget the cache."""

@@ -200,7 +200,7 @@ class SpeculativeLoop:
                 draft = self.drafter.get_candidates(committed, k)
             else:
                 draft = Draft([], None)
-            looked_up = _looked_up(self, committed, max_tokens) if k == 0 and not held else None
+            looked_up = _looked_up(self, committed, max_tokens) if k == 0 else None
             draft = looked_up or draft
             draft_s = self.clock() - drafting
             result.stats.draft_time_s += draft_s
@@ -359,7 +359,8 @@ def draft_length_of(draft_n: int | DraftLength) -> DraftLength:
 
 
 def _looked_up(loop: SpeculativeLoop, committed: list[int], max_tokens: int) -> Draft | None:
-    """A lookup's draft for a round that would go without one, where it may pay."""
+    """A lookup's draft for a round that would go without one, where it may pay (held
+    back for the draft model too: a lookup needs none)."""
     if loop.lookups is None:
         return None
     room = min(loop.n_ctx - len(committed), max_tokens - len(loop.result.tokens) - 1)

@@ -168,6 +168,12 @@ def candidate_generator(
     drafter = model if target is None else TranslatingDrafter(model, target)
     if settings.drafter == DrafterKind.model:
         return drafter
+    if settings.sampling.seed is not None:
+        # The same seed gives the same text: a draft decides how a round's draws fall,
+        # so none may come from what ran before (the history starts empty, as the
+        # model's sequence does: drafter/serve/backend.py), nor be cut by the verifier's
+        # measured times (a lookup is verified whole).
+        history, sized = None, False
     # A lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
     sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab

@@ -694,13 +694,17 @@ def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, dra
     same question again is drafted from the first answer; both are the verifier's own.
     With the model behind the lookup (`model+suffix`), where the model steps aside on
     this CPU, the lookup's drafts still go; `model+history` drafts from the history alone,
-    on a match as long as the verifier's copies wait for (the prompt holds one)."""
+    on a match as long as the verifier's copies wait for (the prompt holds one). A stop
+    sequence (never met) paces the chunks as a watched generation's: a lookup the
+    verifier's measured costs size to none this round is tried again a few tokens on."""
     prompt = "List the eight planets of the solar system in order from the Sun, one per line:\n"
     api = LocalAPI(live_verifier.url, "--drafter", drafter)
     try:
         client = api.client()
         answers = [
-            client.completions.create(model="any", prompt=prompt, max_tokens=32, temperature=0)
+            client.completions.create(
+                model="any", prompt=prompt, max_tokens=32, temperature=0, stop=["<never>"]
+            )
             for _ in range(2)
         ]
     finally:

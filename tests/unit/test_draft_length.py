@@ -133,6 +133,18 @@ def test_alone_a_chunk_step_before_chunks_is_the_line_at_one_row():
     assert not after_two_drafted_rounds(3.0)
 
 
+def test_alone_a_line_that_reads_no_time_at_one_row_prices_a_step_as_a_round():
+    """Two drafted rounds whose line of rows runs below zero before one row (noise, or a
+    steep cost a row): a step is not free, it is priced at the round's pass, and a cheap
+    draft model keeps drafting."""
+    length = LinkAwareLength(maximum=8, max_chunk=64, watched=False)
+    for rows, seconds in ((2, 0.010), (4, 0.070)):
+        length.advise(3, 1.0)
+        length.observe(timing(rows, seconds, 0.003, 0.001 * (rows - 1)))
+    assert length.verifier_s(1) == 0.0
+    assert not length.chunking
+
+
 def test_doubling_jumps_up_on_whole_drafts_and_down_to_what_was_accepted():
     length = DoublingLength(maximum=16, start=4)
     seen = []

@@ -122,3 +122,21 @@ def test_model_plus_history_wires_the_verifiers_copy_ngram_and_the_users_history
     info = InfoResponse.model_construct(max_draft=16, max_chunk_tokens=64)
     assert not draft_length(settings, info, watched=False).watched
     assert draft_length(DrafterSettings(drafter="model+suffix"), info, watched=False).watched
+
+
+def test_a_seeded_request_drafts_nothing_from_what_ran_before():
+    """The same seed gives the same text: its drafts may not depend on the history (nor on
+    the verifier's measured times, which size a lookup)."""
+    history = SuffixHistory()
+    history.add(list(range(100, 140)))
+    model = SimpleNamespace(target_n_vocab=1000, warms=True)
+    for kind in ("model+history", "model+suffix", "suffix"):
+        seeded = DrafterSettings(drafter=kind, temperature=0.8, seed=11)
+        drafter = candidate_generator(model, seeded, history=history, sized=True, copy_ngram=12)
+        lookup = drafter.lookup if isinstance(drafter, ModelWithLookup) else drafter
+        assert lookup.history is not history and lookup.history.n_tokens == 0, kind
+        assert not lookup.sized, kind
+        assert lookup.get_candidates(list(range(100, 120)), 4).tokens == [], kind
+    unseeded = DrafterSettings(drafter="model+history", temperature=0.8)
+    drafter = candidate_generator(model, unseeded, history=history, sized=True, copy_ngram=12)
+    assert drafter.lookup.get_candidates(list(range(100, 120)), 4).tokens == [120, 121, 122, 123]

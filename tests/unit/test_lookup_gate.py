@@ -10,6 +10,7 @@ from drafter.draft_length import LinkAwareLength
 from drafter.lookup_gate import MIN_LOOKUP_TOKENS, REST_FIRST, LookupGate
 from drafter.loop import SpeculativeLoop
 from drafter.ngram import ModelWithLookup
+from drafter.warming import Warming
 from tests.unit.test_chunk_probes import Clock, TimedDrafter, TimedVerifier
 from tests.unit.test_loop import FakeVerifier, run, target_alone
 
@@ -150,3 +151,38 @@ def test_a_lookup_found_before_the_model_drafts_is_counted_as_one_and_not_learne
     model_rounds = [(d, a) for d, a in length.learned if d]
     assert model_rounds and all(a == d for d, a in model_rounds)  # the lookups' misses not in
     assert stats.drafted - stats.lookup_drafted == sum(d for d, _ in model_rounds)
+
+
+class NeverReady(Warming):
+    """A draft model that is never ready: every round that would draft is held back."""
+
+    def start(self, warm, prefill) -> None:
+        pass
+
+    def running(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def catch_up(self, drafter, committed, stop=None) -> bool:
+        return False
+
+
+def test_a_round_held_back_for_the_draft_model_still_sends_a_lookups_draft():
+    """Where the model would draft but is not ready, the round goes without the model's
+    draft; a lookup needs no model, so its draft goes (a request the history holds is
+    drafted from its first round, while the model catches up)."""
+    clock = Clock()
+    verifier = TimedVerifier(clock, 1.0, advice=lambda i: 4)  # the model would draft
+    drafter = ModelWithLookup(SpanLookup(verifier), TimedDrafter(verifier, clock))
+    length = LinkAwareLength(maximum=8, max_chunk=64, watched=True)
+    loop = SpeculativeLoop(
+        drafter, verifier, draft_n=length, n_ctx=10_000, clock=clock, lookups=LookupGate(8)
+    )
+    loop.warming = NeverReady()
+    _, result = run(loop, [5, 6, 7], 300)
+    assert result.tokens == target_alone([5, 6, 7], 300, FakeVerifier())
+    stats = result.stats
+    assert stats.lookup_rounds > 5 and stats.lookup_accepted == stats.lookup_drafted
+    assert stats.drafted == stats.lookup_drafted  # the model, never ready, drafted none
