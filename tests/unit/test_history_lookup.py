@@ -17,8 +17,7 @@ from drafter.runner import candidate_generator, draft_length, user_history
 from drafter.settings import DrafterSettings
 from drafter.suffix import SuffixHistory, SuffixRules, suffix_chain
 from server.shared.info import InfoResponse
-
-TOKENS = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many matches
+from tests.unit.test_suffix import TOKENS, match_length
 
 
 def repeats(context: Sequence[int], n: int) -> bool:
@@ -35,14 +34,7 @@ def longest_history_match(
     best = 0
     for text in history:
         for end in range(rules.min_match, len(text)):  # something follows
-            length = 0
-            while (
-                length < rules.max_match
-                and length < end
-                and length < len(context)
-                and text[end - length - 1] == context[len(context) - length - 1]
-            ):
-                length += 1
+            length = match_length(text, end, context, rules)
             if length >= rules.min_match:
                 best = max(best, length)
     return best

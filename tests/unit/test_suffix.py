@@ -19,6 +19,20 @@ from drafter.suffix import SuffixDrafter, SuffixHistory, SuffixRules
 TOKENS = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many matches
 
 
+def match_length(text: Sequence[int], end: int, context: Sequence[int], rules: SuffixRules) -> int:
+    """How many tokens before `end` in `text` equal the last ones of `context`, at most
+    `rules.max_match`."""
+    length = 0
+    while (
+        length < rules.max_match
+        and length < end
+        and length < len(context)
+        and text[end - length - 1] == context[len(context) - length - 1]
+    ):
+        length += 1
+    return length
+
+
 def brute_force(
     context: Sequence[int], history: Sequence[Sequence[int]], k: int, rules: SuffixRules
 ) -> list[int]:
@@ -28,14 +42,7 @@ def brute_force(
     occurrences = []
     for text in texts:
         for end in range(len(text) - 1, rules.min_match - 1, -1):
-            length = 0
-            while (
-                length < rules.max_match
-                and length < end
-                and length < len(context)
-                and text[end - length - 1] == context[len(context) - length - 1]
-            ):
-                length += 1
+            length = match_length(text, end, context, rules)
             if length >= rules.min_match:
                 occurrences.append((text, end, length))
     if k <= 0 or not occurrences:
