@@ -7,6 +7,7 @@ model catches up while such rounds are out, as far as it gets before their answe
 
 from __future__ import annotations
 
+from drafter.candidates import Draft
 from drafter.draft_length import DraftLength
 from drafter.warming import Warming
 
@@ -23,9 +24,11 @@ def holds_back(length: DraftLength, k: int, behind: bool, warming: Warming) -> b
     return k > 0 and length.adaptive and (behind or warming.running())
 
 
-def catches_up(length: DraftLength, behind: bool, drafted: bool, left: int, chunk: int) -> bool:
-    """Whether the draft model catches up while this round is out: a round without a
-    draft (`drafted` false) before a drafted one, or while the model is `behind`, unless
-    its `chunk` may be all of the `left` tokens still wanted (no drafted round follows)."""
+def catches_up(length: DraftLength, behind: bool, draft: Draft, left: int, chunk: int) -> bool:
+    """Whether the draft model catches up while this round is out: a round without the
+    model's draft (none, or a lookup's: the model is idle) before a drafted one, or while
+    the model is `behind`, unless its `chunk` may be all of the `left` tokens still
+    wanted (no drafted round follows)."""
     soon = behind or length.drafts_soon()
-    return not drafted and soon and left > chunk
+    modelled = bool(draft.tokens) and not draft.lookup
+    return not modelled and soon and left > chunk

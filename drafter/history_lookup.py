@@ -7,7 +7,9 @@ tokens where they occurred earlier), at no round trip; a client's lookup of the 
 would only add round trips. What the verifier cannot see is the user's other requests: a
 question asked again in a new conversation, a file an earlier session wrote, the answer
 an agent's retried step gave before. So this drafter drafts nothing where the session's
-text ends in a repeat the verifier copies, and otherwise the suffix drafter's chain
+text ends in a repeat of `chunk_copy_ngram` tokens (which the verifier copies where a
+copy pays and a draft is judged without its probabilities: the runner passes 0 under
+rejection sampling), and otherwise the suffix drafter's chain
 (drafter/suffix.py) from the user's history alone, on a match of at least
 `min_match` tokens (as long a repeat as the verifier's copies wait for: a chance match
 of a few tokens in text that does not repeat is seldom followed), carrying its

@@ -300,7 +300,7 @@ class SpeculativeLoop:
         k = self.draft_length.next(ahead=True)
         room = self.n_ctx - len(committed) - len(draft.tokens) - 1
         wanted = max_tokens - len(self.result.tokens)
-        catching_up = catches_up(self.draft_length, self._behind, bool(draft.tokens), wanted, chunk)
+        catching_up = catches_up(self.draft_length, self._behind, draft, wanted, chunk)
         # A chunk's answer is many tokens, and a chunk follows a probe's last drafted
         # round: nothing to draft ahead for.
         chunk_next = bool(draft.tokens) and self.draft_length.chunk_soon()

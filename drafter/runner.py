@@ -178,8 +178,10 @@ def candidate_generator(
     sampled = settings.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
     if settings.drafter == DrafterKind.model_history:
+        # The verifier copies only where a draft is judged without its probabilities.
+        copies = 0 if sampled else copy_ngram
         lookup: Drafter = HistoryLookup(
-            n_vocab, history, copy_ngram=copy_ngram, sample_drafts=sampled, sized=sized
+            n_vocab, history, copy_ngram=copies, sample_drafts=sampled, sized=sized
         )
     elif settings.drafter in WITH_HISTORY:
         lookup = SuffixDrafter(n_vocab, history, sample_drafts=sampled, sized=sized)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from drafter.candidates import Draft, Drafter
 from drafter.draft_length import LinkAwareLength
+from drafter.draft_readiness import catches_up
 from drafter.lookup_gate import MIN_LOOKUP_TOKENS, REST_FIRST, LookupGate
 from drafter.loop import SpeculativeLoop
 from drafter.ngram import ModelWithLookup
@@ -186,3 +187,13 @@ def test_a_round_held_back_for_the_draft_model_still_sends_a_lookups_draft():
     stats = result.stats
     assert stats.lookup_rounds > 5 and stats.lookup_accepted == stats.lookup_drafted
     assert stats.drafted == stats.lookup_drafted  # the model, never ready, drafted none
+
+
+def test_the_draft_model_catches_up_while_a_lookups_round_is_out():
+    """A lookup's round leaves the model idle: behind, it catches up meanwhile, as in a
+    round without a draft; not while a round carries its own draft."""
+    length = LinkAwareLength(maximum=8, max_chunk=64)
+    lookup, modelled = Draft([1, 2], None, lookup=True), Draft([1, 2], None)
+    assert catches_up(length, True, lookup, left=100, chunk=1)
+    assert catches_up(length, True, Draft([], None), left=100, chunk=1)
+    assert not catches_up(length, True, modelled, left=100, chunk=1)
