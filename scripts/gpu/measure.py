@@ -3,6 +3,8 @@
 report of tables, not a test. For each model:
 
   probe      the startup probe's verdict with shapes free, pinned, and as it chooses
+  shapes     the probe's checks one by one on one runtime: free and pinned shapes, at a
+             short context only and after a long one (which shapes move a row's logits)
   physics    one round of 1..16 rows at a short and a long context, and one pass of
              1..64 sessions' 5-row rounds, in ms (the runtime alone, no server)
   load       replayed drafters (the verifier's own tokens, one in four wrong at random,
@@ -109,33 +111,60 @@ def probe(report: Report, model: Path, args) -> None:
     report.keep(f"{model.stem}/probe", rows)
 
 
-def physics_figures(model: Path, args) -> tuple[dict, dict, str]:
-    """scripts/gpu/physics.py in a process of its own: ({context: {rows: ms}},
-    {sessions: ms}, "" or how it ended: a crash or a timeout, with the end of what it
-    wrote; the figures it printed before count)."""
-    listed = [",".join(str(n) for n in ns) for ns in (args.contexts, args.rows, args.sessions)]
-    command = [
-        sys.executable, "-X", "faulthandler", str(Path(__file__).with_name("physics.py")),
-        "--model", str(model), "--gpu-layers", str(args.gpu_layers), "--contexts", listed[0],
-        "--rows", listed[1], "--sessions", listed[2], "--repeats", str(args.repeats),
-    ]  # fmt: skip
+def isolated(script: str, arguments: list[str], timeout: float) -> tuple[list[dict], str]:
+    """scripts/gpu/`script` in a process of its own: the JSON objects it printed (those
+    printed before a crash count), and "" or how it ended: a crash or a timeout, with the
+    end of what it wrote."""
+    command = [sys.executable, "-X", "faulthandler", str(Path(__file__).with_name(script))]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=420)
+        done = subprocess.run(command + arguments, capture_output=True, text=True, timeout=timeout)
         stdout, stderr, ended = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         stdout, stderr, ended = _text(exc.stdout), _text(exc.stderr), "a timeout"
-    found: dict = {}
-    for line in stdout.splitlines():
-        if line.startswith("{"):
-            found.update(json.loads(line))
+    found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if not ended:
+        return found, ""
+    tail = "\n".join(stderr.splitlines()[-25:])
+    return found, f"{script} ended with {ended}:\n```\n{tail}\n```"
+
+
+def physics_figures(model: Path, args) -> tuple[dict, dict, str]:
+    """scripts/gpu/physics.py: ({context: {rows: ms}}, {sessions: ms}, "" or how it
+    ended)."""
+    listed = [",".join(str(n) for n in ns) for ns in (args.contexts, args.rows, args.sessions)]
+    found, ended = isolated("physics.py", [
+        "--model", str(model), "--gpu-layers", str(args.gpu_layers), "--contexts", listed[0],
+        "--rows", listed[1], "--sessions", listed[2], "--repeats", str(args.repeats),
+    ], timeout=420)  # fmt: skip
+    figures = {k: v for line in found for k, v in line.items()}
     rounds = {
-        int(c): {int(r): ms for r, ms in by.items()} for c, by in found.get("rounds", {}).items()
+        int(c): {int(r): ms for r, ms in by.items()} for c, by in figures.get("rounds", {}).items()
     }
-    passes = {int(s): ms for s, ms in found.get("passes", {}).items()}
-    if ended or not passes:
-        tail = "\n".join(stderr.splitlines()[-25:])
-        return rounds, passes, f"physics.py ended with {ended}:\n```\n{tail}\n```"
-    return rounds, passes, ""
+    passes = {int(s): ms for s, ms in figures.get("passes", {}).items()}
+    if not passes and not ended:
+        ended = "physics.py printed no passes"
+    return rounds, passes, ended
+
+
+def shapes(report: Report, model: Path, args) -> None:
+    """Which shapes move a row's logits (scripts/gpu/shapes.py): where the probe says
+    inexact, whether pinning, every logit, or the span of a long sequence beside is it."""
+    found, ended = isolated("shapes.py", [
+        "--model", str(model), "--gpu-layers", str(args.gpu_layers),
+        "--sessions", str(args.shape_sessions), "--n-ctx", str(args.n_ctx),
+    ], timeout=300)  # fmt: skip
+    report.say(f"### (a) Where rows move: the probe's checks, {args.shape_sessions} sessions")
+    report.table(
+        ["shapes", "checks", "batch_invariant", "max diff", "greedy agrees", "pinned_width",
+         "every logit", "s"],
+        [["pinned" if r["pin"] == "on" else "free",
+          f"after {r['long_context']} cells too" if r["long_context"] else "short context",
+          r["batch_invariant"], f"{r['max_abs_diff']:g}", r["argmax_agrees"], r["pinned_width"],
+          r["pinned_logits"], r["s"]] for r in found],
+    )  # fmt: skip
+    if ended:
+        report.say(f"**shapes incomplete**: {ended}")
+    report.keep(f"{model.stem}/shapes", found)
 
 
 def _text(out: str | bytes | None) -> str:
@@ -306,7 +335,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, action="append", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="a rehearsal's small sizes")
-    parser.add_argument("--only", default="probe,physics,load,peer")
+    parser.add_argument("--only", default="probe,shapes,physics,load,peer")
     parser.add_argument("--gpu-layers", type=int, default=-1)
     parser.add_argument("--draft-token-ms", type=float, default=2.0)
     parser.add_argument("--llama-server", default="")
@@ -317,6 +346,7 @@ def main() -> None:
     args.rows = [1, 2, 4] if quick else [1, 2, 4, 8, 16]
     args.sessions = [1, 2, 4] if quick else [1, 2, 4, 8, 16, 32, 64]
     args.repeats = 3 if quick else 10
+    args.shape_sessions = 2 if quick else 8
     args.drafters = [1, 2] if quick else [1, 8, 16, 32, 64]
     args.ks = ["4", "auto"]
     args.rounds = 4 if quick else 24
@@ -326,7 +356,7 @@ def main() -> None:
     report.say(f"# The verifier on {gpu_name()}")
     report.say(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit or '?'}")
     report.say()
-    parts = {"probe": probe, "physics": physics, "load": load, "peer": peer}
+    parts = {"probe": probe, "shapes": shapes, "physics": physics, "load": load, "peer": peer}
     for model in args.model:
         report.say(f"## {model.name} ({model.stat().st_size / 1e9:.2f} GB)")
         report.say()

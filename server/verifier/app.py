@@ -42,12 +42,17 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
+    return Engine(build_runtime(settings), settings)
+
+
+def build_runtime(settings: VerifierSettings) -> LlamaRuntime:
+    """The model loaded as the settings say, not yet probed."""
     # Each sequence has room past its context for the widest pass (a padded round, filler
     # rows, a prompt's stretch padded to a tile), and one llama_decode holds a pass of
     # every sequence at a round's width.
     widest = max(settings.max_draft + 1, settings.pin_width)
     padded = settings.prompt_tile_rows if settings.prompt_pad != "off" else 0
-    runtime = LlamaRuntime(
+    return LlamaRuntime(
         settings.model_path,
         n_ctx_per_seq=settings.n_ctx + max(widest, padded),
         n_seq_max=settings.max_sessions,
@@ -58,7 +63,6 @@ def build_engine(settings: VerifierSettings) -> Engine:
         flash_attn=settings.flash_attn,
         verbose=settings.verbose,
     )
-    return Engine(runtime, settings)
 
 
 def single_row_threads(settings: VerifierSettings) -> int:

@@ -11,27 +11,23 @@ probe fills every sequence with a context and compares, bit for bit:
    about), against
 2. the same round alone, and
 3. the same round in the largest pass the scheduler makes: every sequence with a round,
-   rounds of unequal lengths padded to the widest, as many rows as a pass can have.
+   rounds of unequal lengths padded to the widest, as many rows as a pass can have, and
+4. the same rounds beside a long sequence: a pass attends over as many cells as the
+   longest sequence holds (llama.cpp's `n_kv`), which CUDA's flash attention splits by.
 
-If the free shapes differ (GPU kernels that pick another algorithm for another row
-count), it tries pinned shapes: every pass every sequence at one width
-(`VERIFIER_PIN_SHAPES`). The timings of 2 and 3 give the ratio the planner weighs: how
-many rows one pass costs.
+Where free shapes differ (GPU kernels chosen by the row count), it tries pinned ones:
+every pass every sequence at one width (`VERIFIER_PIN_SHAPES`). Timed passes give the
+planner how many rows one pass costs.
 
-Prompts are evaluated in chunks, and a chunk's length can decide the kernel (llama.cpp's
-CPU build takes another path from 64 rows of one sequence on). A prompt's numbers must
-not depend on its cuts, or a cached prefix (cut elsewhere) would answer otherwise than a
-cold prompt. The probe evaluates a prompt in one chunk and cut at other places: first at
-n_batch; where that differs and reuse is wanted, in the two parts of prompt_cuts.py (a
-tiled part in passes of at least `tile_rows` rows, however cut, the rest in passes of
-fewer); where that differs too, at each shorter chunk length offered, longest first. It
-reports the first that agrees.
+A prompt's numbers must not depend on where it is cut into chunks, or a cached prefix
+would answer otherwise than a cold prompt: the probe checks the cuts the engine would
+make (probe() says which) and reports the first chunk length that agrees.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -183,16 +179,14 @@ def probe(
     `round_rows`: the longest round (max_draft + 1); `pin`: "auto" (pinned shapes if the
     free ones differ and pinned ones agree), "on" or "off"; `tile_rows` > 0: the tiled
     split to try where the first chunk length is not exact; `long_context` > the short
-    one: a round after that many cells is checked too. Leaves every sequence empty."""
+    one: a round after that many cells, and rounds beside them, are checked too. Leaves
+    every sequence empty."""
     ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
     long_ids = target.tokenize(PROBE_TEXT * 16, add_special=True)  # for the prompt checks
 
-    def rounds(shapes: PassShapes) -> InvarianceReport:
-        long = None
-        if long_context > PROBE_CONTEXT:
-            long = _long_round(target, shapes, round_rows, long_context)
-        short = _rounds(target, shapes, ids, round_rows)  # leaves the contexts _pass_cost uses
-        return short if long is None else _worse(short, long)
+    def rounds(shapes: PassShapes) -> InvarianceReport:  # leaves the contexts _pass_cost uses
+        long = long_ids[: long_context + round_rows] if long_context > PROBE_CONTEXT else ()
+        return _rounds(target, shapes, ids, round_rows, long)
 
     try:
         report = rounds(free) if pin != "on" else None
@@ -257,9 +251,12 @@ def _context(ids: Sequence[int], seq_id: int) -> list[int]:
     return list(ids[1 + shift : 1 + shift + PROBE_CONTEXT - 1])
 
 
-def _fill(target: ProbeTarget, shapes: PassShapes, ids: Sequence[int]) -> None:
+def _fill(
+    target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], seq_ids: Sequence[int] = ()
+) -> None:
+    """The short context into `seq_ids` (every sequence if none)."""
     chunk = shapes.pinned_width or min(PROBE_CONTEXT, target.n_batch)
-    for seq_id in range(target.n_seq):
+    for seq_id in seq_ids or range(target.n_seq):
         target.remove(seq_id, -1)
         target.evaluate_prompt(seq_id, [ids[0], *_context(ids, seq_id)], 0, chunk, shapes)
 
@@ -270,9 +267,14 @@ def _round_tokens(ids: Sequence[int], seq_id: int, n: int) -> list[int]:
 
 
 def _rounds(
-    target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
+    target: ProbeTarget,
+    shapes: PassShapes,
+    ids: Sequence[int],
+    round_rows: int,
+    long_ids: Sequence[int] = (),
 ) -> InvarianceReport:
-    """Rounds one row at a time, alone, and in the largest pass, compared."""
+    """Rounds one row at a time, alone, and in the largest pass, compared; with
+    `long_ids` (more cells than the short context), the checks of _long_round too."""
     _fill(target, shapes, ids)
     probed = sorted({target.n_seq // 2, target.n_seq - 1})
     lengths = {
@@ -303,23 +305,39 @@ def _rounds(
     # the scheduler can make.
     widest = replace(shapes, pass_cost_rows=float(shapes.max_rows))
     largest = decode([JobRows(s, PROBE_CONTEXT, rounds[s], True) for s in rounds], widest)
-    reports = [compare(references[s], [alone[s], largest[s]]) for s in probed]
+    ways = {s: [alone[s], largest[s]] for s in probed}
+    long = None
+    if len(long_ids) > PROBE_CONTEXT + round_rows:
+        beside = [JobRows(s, PROBE_CONTEXT, rounds[s], True) for s in probed if s != 0]
+        try:
+            long, rows = _long_round(target, widest, long_ids, round_rows, beside, decode)
+        finally:
+            _fill(target, shapes, ids, [0])  # the short context again
+        for job, got in zip(beside, rows, strict=True):
+            ways[job.seq_id].append(got)
+    reports = [compare(references[s], ways[s]) for s in probed]
     worst = max(reports, key=lambda r: r.max_abs_diff)
-    return replace(worst, batch_invariant=all(r.batch_invariant for r in reports))
+    worst = replace(worst, batch_invariant=all(r.batch_invariant for r in reports))
+    return worst if long is None else _worse(worst, long)
 
 
 def _long_round(
-    target: ProbeTarget, shapes: PassShapes, round_rows: int, context: int
-) -> InvarianceReport:
-    """A round after `context` cells of sequence 0, its rows one at a time against the
-    round in one pass: kernels that change with a context's length (the CPU flash
-    attention's split of a lone row's keys) are not seen at the short context."""
-    ids = target.tokenize(PROBE_TEXT * 16, add_special=True)[: context + round_rows]
+    target: ProbeTarget,
+    shapes: PassShapes,
+    ids: Sequence[int],
+    round_rows: int,
+    beside: list[JobRows],
+    decode: Callable[[list[JobRows], PassShapes], list[np.ndarray]],
+) -> tuple[InvarianceReport, list[np.ndarray]]:
+    """Sequence 0 made long (`ids` but a round), a round after it one row at a time
+    against the round in one pass (the CPU flash attention splits a lone row's keys past
+    256 cells), and the rounds `beside` it in one pass (a pass's attention spans the
+    longest sequence's cells, llama.cpp's `n_kv`). Leaves sequence 0 empty."""
     context = len(ids) - round_rows
     round_tokens = ids[context:]
     target.remove(0, -1)
-    target.evaluate_prompt(0, ids[:context], 0, shapes.pinned_width or target.n_batch, shapes)
     try:
+        target.evaluate_prompt(0, ids[:context], 0, shapes.pinned_width or target.n_batch, shapes)
         reference = np.concatenate(
             [
                 target.decode_jobs([JobRows(0, context + i, [token], True)], shapes)[0]
@@ -328,9 +346,11 @@ def _long_round(
         )
         target.remove(0, context)
         together = target.decode_jobs([JobRows(0, context, round_tokens, True)], shapes)[0]
+        target.remove(0, context)
+        rows = decode(beside, shapes) if beside else []
     finally:
         target.remove(0, -1)
-    return compare(reference, [together])
+    return compare(reference, [together]), rows
 
 
 def _worse(a: InvarianceReport, b: InvarianceReport) -> InvarianceReport:
@@ -347,11 +367,10 @@ def _worse(a: InvarianceReport, b: InvarianceReport) -> InvarianceReport:
 def _pass_cost(
     target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
 ) -> tuple[float, tuple[tuple[int, float], ...]]:
-    """How many rows one pass costs, from the time of one round alone and of every
-    sequence with one (the least of a few tries each): the planner's trade between
-    padding rows and more passes. Also the passes timed, (rows, seconds) each: one
-    session's round alone, of one row and of `round_rows`, and every sequence's round:
-    the points of the curve the advised draft length starts from (advice.py)."""
+    """How many rows one pass costs (the planner's trade between padding rows and more
+    passes), from the least of a few timed tries of one round alone and of every
+    sequence's; and the passes timed, (rows, seconds): a lone row, a lone round, every
+    sequence's round (the advised draft length's curve starts from them: advice.py)."""
     shapes = replace(shapes, pass_cost_rows=float(shapes.max_rows))  # every round in one pass
     rounds = [
         JobRows(s, PROBE_CONTEXT, _round_tokens(ids, s, round_rows), True)

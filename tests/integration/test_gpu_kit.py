@@ -62,9 +62,13 @@ def test_the_measurement_scripts_quickest_form_runs_and_finds_the_output_exact(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = (tmp_path / "gpu-report.md").read_text()
-    assert "failed" not in report, report
+    assert "failed" not in report and "incomplete" not in report, report
     for section in ("(a) The startup probe", "(c) One round", "(c) One pass", "(b, d)", "(e)"):
         assert section in report
+    # The probe's checks one by one: free and pinned, short and long, all exact on the CPU.
+    table = report.split("(a) Where rows move")[1].split("\n\n")[0].splitlines()
+    rows = [line.split(" | ") for line in table if line.startswith(("| free", "| pinned"))]
+    assert len(rows) == 4 and all(row[2] == "True" for row in rows), table
     table = report.split("(b, d)")[1].split("\n\n")[0].splitlines()
     rows = [line for line in table if line.startswith("| ") and "drafters" not in line]
     assert len(rows) == 4, table  # 1 and 2 drafters, k 4 and auto

@@ -175,3 +175,32 @@ def test_the_probe_checks_the_widest_pass_the_planner_can_make():
     engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes="off")
     assert engine.shapes.plan({s: MAX_DRAFT + 1 for s in range(4)})[0].rows > 16
     assert engine_info(engine).batch_invariant is False
+
+
+def spans_past(cells: int):
+    """An attention whose kernel changes once the longest sequence holds more than `cells`
+    (CUDA's flash attention splits the keys by the span, llama.cpp's `n_kv`)."""
+    return lambda longest: longest > cells
+
+
+@pytest.mark.parametrize("pin_shapes", ["auto", "on", "off"])
+def test_the_probe_sees_a_row_change_with_the_longest_sequence_beside_it(pin_shapes):
+    # Every pass shape is exact here but for the span: a short round beside a long
+    # sequence is not what the same round decodes while every sequence is short.
+    runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256, span=spans_past(128))
+    engine = make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
+    info = engine_info(engine)
+    assert info.batch_invariant is False and info.batch_max_diff > 0
+    assert info.strategies["greedy"] is False
+    # The same runtime without the span's kernel: exact (free shapes unless forced).
+    runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
+    assert engine_info(
+        make_engine(runtime, max_draft=MAX_DRAFT, pin_shapes=pin_shapes)
+    ).batch_invariant
+
+
+def test_a_lone_sequence_is_not_probed_beside_another():
+    # One sequence: nothing can hold a longer context beside it, and its own long
+    # context is the verifier alone's too.
+    runtime = FakeRuntime(n_seq_max=1, n_batch=64, n_ctx_per_seq=256, span=spans_past(128))
+    assert engine_info(make_engine(runtime, max_draft=MAX_DRAFT)).batch_invariant

@@ -1,0 +1,75 @@
+"""Where a row's logits move with the pass it is computed in, on the device the verifier
+runs on: the startup probe (server/verifier/invariance.py) run on one verifier runtime
+with shapes free and pinned, each with its checks at a short context only (every pass
+attends over the same span of cells) and with those after a long one (a long round, and
+rounds beside a long sequence: the span grows to the longest sequence's). Where the
+verifier's own probe says `batch_invariant: false`, these rows tell which shapes differ.
+scripts/gpu/measure.py runs it as a process of its own (a crash costs this part only):
+
+    python3 -X faulthandler scripts/gpu/shapes.py --model M --sessions 8   # JSON lines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from server.verifier import invariance
+from server.verifier.app import build_runtime
+from server.verifier.decoder import PassDecoder
+from server.verifier.passes import PassShapes
+from server.verifier.settings import VerifierSettings
+
+KEPT = ("batch_invariant", "max_abs_diff", "argmax_agrees", "pinned_width", "pinned_logits")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--gpu-layers", type=int, default=-1)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--n-ctx", type=int, default=2048)
+    args = parser.parse_args()
+    settings = VerifierSettings(
+        model_path=args.model,
+        n_gpu_layers=args.gpu_layers,
+        max_sessions=args.sessions,
+        n_ctx=args.n_ctx,
+    )
+    runtime = build_runtime(settings)
+    try:
+        decoder = PassDecoder(runtime)
+        round_rows = settings.max_draft + 1
+        free = PassShapes(
+            n_seq=decoder.n_seq,
+            max_rows=min(decoder.n_batch, decoder.n_seq * round_rows),
+            pass_cost_rows=0.0,
+        )
+        longest = min(invariance.LONG_CONTEXT, decoder.n_ctx_per_seq - 2 * round_rows)
+        for pin in ("off", "on"):
+            for long_context in (0, longest):
+                began = time.perf_counter()
+                report = invariance.probe(
+                    decoder,
+                    free,
+                    round_rows=round_rows,
+                    pin=pin,
+                    pin_width=round_rows,
+                    prompt_chunks=[decoder.n_batch],
+                    long_context=long_context,
+                )
+                kept = {k: v for k, v in asdict(report).items() if k in KEPT}
+                row = {"pin": pin, "long_context": long_context, **kept}
+                print(json.dumps({**row, "s": round(time.perf_counter() - began, 2)}), flush=True)
+    finally:
+        runtime.close()
+
+
+if __name__ == "__main__":
+    main()
