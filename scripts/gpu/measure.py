@@ -111,21 +111,29 @@ def probe(report: Report, model: Path, args) -> None:
     report.keep(f"{model.stem}/probe", rows)
 
 
-def isolated(script: str, arguments: list[str], timeout: float) -> tuple[list[dict], str]:
+def isolated(
+    script: str, arguments: list[str], timeout: float, needs: str
+) -> tuple[list[dict], str]:
     """scripts/gpu/`script` in a process of its own: the JSON objects it printed (those
-    printed before a crash count), and "" or how it ended: a crash or a timeout, with the
-    end of what it wrote."""
+    printed before a crash count), and "" or how it ended (a crash, a timeout, or no
+    object holding `needs`), with the end of what it wrote."""
     command = [sys.executable, "-X", "faulthandler", str(Path(__file__).with_name(script))]
     try:
         done = subprocess.run(command + arguments, capture_output=True, text=True, timeout=timeout)
         stdout, stderr, ended = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         stdout, stderr, ended = _text(exc.stdout), _text(exc.stderr), "a timeout"
-    found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    if not ended:
+    found = []
+    for line in stdout.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue  # llama.cpp's own output, or a line cut off by a kill
+    found = [item for item in found if isinstance(item, dict)]
+    if not ended and any(needs in item for item in found):
         return found, ""
     tail = "\n".join(stderr.splitlines()[-25:])
-    return found, f"{script} ended with {ended}:\n```\n{tail}\n```"
+    return found, f"{script} ended with {ended or f'no {needs}'}:\n```\n{tail}\n```"
 
 
 def physics_figures(model: Path, args) -> tuple[dict, dict, str]:
@@ -135,14 +143,12 @@ def physics_figures(model: Path, args) -> tuple[dict, dict, str]:
     found, ended = isolated("physics.py", [
         "--model", str(model), "--gpu-layers", str(args.gpu_layers), "--contexts", listed[0],
         "--rows", listed[1], "--sessions", listed[2], "--repeats", str(args.repeats),
-    ], timeout=420)  # fmt: skip
+    ], timeout=420, needs="passes")  # fmt: skip
     figures = {k: v for line in found for k, v in line.items()}
     rounds = {
         int(c): {int(r): ms for r, ms in by.items()} for c, by in figures.get("rounds", {}).items()
     }
     passes = {int(s): ms for s, ms in figures.get("passes", {}).items()}
-    if not passes and not ended:
-        ended = "physics.py printed no passes"
     return rounds, passes, ended
 
 
@@ -152,15 +158,16 @@ def shapes(report: Report, model: Path, args) -> None:
     found, ended = isolated("shapes.py", [
         "--model", str(model), "--gpu-layers", str(args.gpu_layers),
         "--sessions", str(args.shape_sessions), "--n-ctx", str(args.n_ctx),
-    ], timeout=300)  # fmt: skip
+    ], timeout=300, needs="pin")  # fmt: skip
     report.say(f"### (a) Where rows move: the probe's checks, {args.shape_sessions} sessions")
     report.table(
         ["shapes", "checks", "batch_invariant", "max diff", "greedy agrees", "pinned_width",
          "every logit", "s"],
         [["pinned" if r["pin"] == "on" else "free",
           f"after {r['long_context']} cells too" if r["long_context"] else "short context",
-          r["batch_invariant"], f"{r['max_abs_diff']:g}", r["argmax_agrees"], r["pinned_width"],
-          r["pinned_logits"], r["s"]] for r in found],
+          *([r["error"], "", "", "", ""] if "error" in r else
+            [r["batch_invariant"], f"{r['max_abs_diff']:g}", r["argmax_agrees"],
+             r["pinned_width"], r["pinned_logits"]]), r["s"]] for r in found],
     )  # fmt: skip
     if ended:
         report.say(f"**shapes incomplete**: {ended}")

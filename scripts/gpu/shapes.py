@@ -51,21 +51,25 @@ def main() -> None:
             max_rows=min(decoder.n_batch, decoder.n_seq * round_rows),
             pass_cost_rows=0.0,
         )
-        longest = min(invariance.LONG_CONTEXT, decoder.n_ctx_per_seq - 2 * round_rows)
+        # The long context the server's probe takes (invariance.probe_engine).
+        longest = min(invariance.LONG_CONTEXT, args.n_ctx, decoder.n_ctx_per_seq - 2 * round_rows)
         for pin in ("off", "on"):
             for long_context in (0, longest):
+                row: dict[str, object] = {"pin": pin, "long_context": long_context}
                 began = time.perf_counter()
-                report = invariance.probe(
-                    decoder,
-                    free,
-                    round_rows=round_rows,
-                    pin=pin,
-                    pin_width=round_rows,
-                    prompt_chunks=[decoder.n_batch],
-                    long_context=long_context,
-                )
-                kept = {k: v for k, v in asdict(report).items() if k in KEPT}
-                row = {"pin": pin, "long_context": long_context, **kept}
+                try:
+                    report = invariance.probe(
+                        decoder,
+                        free,
+                        round_rows=round_rows,
+                        pin=pin,
+                        pin_width=round_rows,
+                        prompt_chunks=[decoder.n_batch],
+                        long_context=long_context,
+                    )
+                    row.update((k, v) for k, v in asdict(report).items() if k in KEPT)
+                except Exception as exc:  # the other configurations' rows still count
+                    row["error"] = f"{type(exc).__name__}: {exc}"
                 print(json.dumps({**row, "s": round(time.perf_counter() - began, 2)}), flush=True)
     finally:
         runtime.close()

@@ -12,8 +12,9 @@ probe fills every sequence with a context and compares, bit for bit:
 2. the same round alone, and
 3. the same round in the largest pass the scheduler makes: every sequence with a round,
    rounds of unequal lengths padded to the widest, as many rows as a pass can have, and
-4. the same rounds beside a long sequence: a pass attends over as many cells as the
-   longest sequence holds (llama.cpp's `n_kv`), which CUDA's flash attention splits by.
+4. the largest pass again with one sequence long: llama.cpp's attention spans as many
+   cells for every sequence of a pass as its longest holds (`n_kv`), and CUDA's flash
+   attention divides the keys by that span.
 
 Where free shapes differ (GPU kernels chosen by the row count), it tries pinned ones:
 every pass every sequence at one width (`VERIFIER_PIN_SHAPES`). Timed passes give the
@@ -27,11 +28,8 @@ make (probe() says which) and reports the first chunk length that agrees.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
-
-import numpy as np
+from collections.abc import Sequence
+from dataclasses import replace
 
 from server.verifier.jobs import JobRows
 from server.verifier.passes import PassShapes
@@ -40,13 +38,19 @@ from server.verifier.prompt_probe import (
     padded_difference,
     tiled_cuts_difference,
 )
+from server.verifier.round_probe import (
+    PROBE_CONTEXT,
+    InvarianceReport,
+    ProbeTarget,
+    round_tokens,
+    rounds_difference,
+)
 from server.verifier.settings import VerifierSettings
 
 PROBE_TEXT = (
     "Speculative decoding checks a whole draft in one pass, so the numbers must not "
     "depend on the batch: 3, 5, 8, 13, 21."
 )
-PROBE_CONTEXT = 24  # tokens each sequence holds before the probed rounds
 # A longer context for one sequence, past 256 cells: from there llama.cpp's CPU flash
 # attention splits a lone row's keys between threads (docs/numerics.md).
 LONG_CONTEXT = 320
@@ -55,58 +59,6 @@ AUTO_PROMPT_CHUNKS = (48, 32, 16)
 TIMED_REPEATS = 3
 # The rounds the pass cost is measured with: of the size rounds usually have (k = 4).
 TIMED_ROUND_ROWS = 5
-
-
-class ProbeTarget(Protocol):
-    n_seq: int
-    n_batch: int
-    n_ctx_per_seq: int
-
-    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
-
-    def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
-
-    def evaluate_prompt(
-        self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
-    ) -> None: ...
-
-    def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...
-
-
-@dataclass(frozen=True)
-class InvarianceReport:
-    batch_invariant: bool
-    max_abs_diff: float  # the largest logit difference between any two ways
-    argmax_agrees: bool  # the greedy choice at every probed position, all ways
-    positions: int
-    pinned_width: int = 0  # > 0: every pass is every sequence this many rows wide
-    pinned_logits: bool = False  # pinned passes compute every row's logits
-    prefill_chunk_invariant: bool = True  # a prompt cut elsewhere gives the same logits
-    prefill_chunk_max_diff: float = 0.0
-    prompt_chunk: int = 0  # the chunk length those two describe
-    prompt_tile_rows: int = 0  # > 0: prompts' tiled parts go in passes of this many rows or more
-    prompt_padded: bool = False  # a tiled pass padded to prompt_tile_rows gives the same numbers
-    pass_cost_rows: float = 0.0  # one pass costs as much as this many rows
-    # Passes timed, (rows, seconds): a session's round alone of one row and of a short
-    # draft, and every sequence's round in one pass.
-    pass_s: tuple[tuple[int, float], ...] = ()
-
-
-def compare(reference: np.ndarray, others: list[np.ndarray]) -> InvarianceReport:
-    """Bit-for-bit comparison of logits rows from several ways of batching (pure)."""
-    diff = 0.0
-    argmax_agrees = True
-    for rows in others:
-        if rows.shape != reference.shape:
-            raise ValueError(f"probe rows {rows.shape} against {reference.shape}")
-        diff = max(diff, float(np.max(np.abs(rows.astype(np.float64) - reference))))
-        argmax_agrees &= bool(np.array_equal(rows.argmax(axis=1), reference.argmax(axis=1)))
-    return InvarianceReport(
-        batch_invariant=diff == 0.0,
-        max_abs_diff=diff,
-        argmax_agrees=argmax_agrees,
-        positions=reference.shape[0],
-    )
 
 
 def prompt_chunks(n_batch: int, requested: int, reuse: bool, shortest: int) -> list[int]:
@@ -186,7 +138,7 @@ def probe(
 
     def rounds(shapes: PassShapes) -> InvarianceReport:  # leaves the contexts _pass_cost uses
         long = long_ids[: long_context + round_rows] if long_context > PROBE_CONTEXT else ()
-        return _rounds(target, shapes, ids, round_rows, long)
+        return rounds_difference(target, shapes, ids, round_rows, long)
 
     try:
         report = rounds(free) if pin != "on" else None
@@ -245,125 +197,6 @@ def probe(
     )
 
 
-def _context(ids: Sequence[int], seq_id: int) -> list[int]:
-    """A context of its own for each sequence: the probe text rotated."""
-    shift = (seq_id * 5) % (len(ids) - PROBE_CONTEXT)
-    return list(ids[1 + shift : 1 + shift + PROBE_CONTEXT - 1])
-
-
-def _fill(
-    target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], seq_ids: Sequence[int] = ()
-) -> None:
-    """The short context into `seq_ids` (every sequence if none)."""
-    chunk = shapes.pinned_width or min(PROBE_CONTEXT, target.n_batch)
-    for seq_id in seq_ids or range(target.n_seq):
-        target.remove(seq_id, -1)
-        target.evaluate_prompt(seq_id, [ids[0], *_context(ids, seq_id)], 0, chunk, shapes)
-
-
-def _round_tokens(ids: Sequence[int], seq_id: int, n: int) -> list[int]:
-    start = PROBE_CONTEXT + (seq_id * 3) % max(1, len(ids) - PROBE_CONTEXT - n)
-    return list(ids[start : start + n])
-
-
-def _rounds(
-    target: ProbeTarget,
-    shapes: PassShapes,
-    ids: Sequence[int],
-    round_rows: int,
-    long_ids: Sequence[int] = (),
-) -> InvarianceReport:
-    """Rounds one row at a time, alone, and in the largest pass, compared; with
-    `long_ids` (more cells than the short context), the checks of _long_round too."""
-    _fill(target, shapes, ids)
-    probed = sorted({target.n_seq // 2, target.n_seq - 1})
-    lengths = {
-        s: round_rows if s in probed else 1 + (s * 7) % round_rows for s in range(target.n_seq)
-    }
-    rounds = {s: _round_tokens(ids, s, lengths[s]) for s in range(target.n_seq)}
-
-    def decode(jobs: list[JobRows], shapes: PassShapes = shapes) -> list[np.ndarray]:
-        try:
-            return target.decode_jobs(jobs, shapes)
-        finally:
-            for job in jobs:
-                target.remove(job.seq_id, PROBE_CONTEXT)
-
-    references = {
-        s: np.concatenate(
-            [
-                target.decode_jobs([JobRows(s, PROBE_CONTEXT + i, [token], True)], shapes)[0]
-                for i, token in enumerate(rounds[s])
-            ]
-        )
-        for s in probed
-    }
-    for s in probed:
-        target.remove(s, PROBE_CONTEXT)
-    alone = {s: decode([JobRows(s, PROBE_CONTEXT, rounds[s], True)])[0] for s in probed}
-    # Every round in one pass, whatever the pass cost the settings give: the widest pass
-    # the scheduler can make.
-    widest = replace(shapes, pass_cost_rows=float(shapes.max_rows))
-    largest = decode([JobRows(s, PROBE_CONTEXT, rounds[s], True) for s in rounds], widest)
-    ways = {s: [alone[s], largest[s]] for s in probed}
-    long = None
-    if len(long_ids) > PROBE_CONTEXT + round_rows:
-        beside = [JobRows(s, PROBE_CONTEXT, rounds[s], True) for s in probed if s != 0]
-        try:
-            long, rows = _long_round(target, widest, long_ids, round_rows, beside, decode)
-        finally:
-            _fill(target, shapes, ids, [0])  # the short context again
-        for job, got in zip(beside, rows, strict=True):
-            ways[job.seq_id].append(got)
-    reports = [compare(references[s], ways[s]) for s in probed]
-    worst = max(reports, key=lambda r: r.max_abs_diff)
-    worst = replace(worst, batch_invariant=all(r.batch_invariant for r in reports))
-    return worst if long is None else _worse(worst, long)
-
-
-def _long_round(
-    target: ProbeTarget,
-    shapes: PassShapes,
-    ids: Sequence[int],
-    round_rows: int,
-    beside: list[JobRows],
-    decode: Callable[[list[JobRows], PassShapes], list[np.ndarray]],
-) -> tuple[InvarianceReport, list[np.ndarray]]:
-    """Sequence 0 made long (`ids` but a round), a round after it one row at a time
-    against the round in one pass (the CPU flash attention splits a lone row's keys past
-    256 cells), and the rounds `beside` it in one pass (a pass's attention spans the
-    longest sequence's cells, llama.cpp's `n_kv`). Leaves sequence 0 empty."""
-    context = len(ids) - round_rows
-    round_tokens = ids[context:]
-    target.remove(0, -1)
-    try:
-        target.evaluate_prompt(0, ids[:context], 0, shapes.pinned_width or target.n_batch, shapes)
-        reference = np.concatenate(
-            [
-                target.decode_jobs([JobRows(0, context + i, [token], True)], shapes)[0]
-                for i, token in enumerate(round_tokens)
-            ]
-        )
-        target.remove(0, context)
-        together = target.decode_jobs([JobRows(0, context, round_tokens, True)], shapes)[0]
-        target.remove(0, context)
-        rows = decode(beside, shapes) if beside else []
-    finally:
-        target.remove(0, -1)
-    return compare(reference, [together]), rows
-
-
-def _worse(a: InvarianceReport, b: InvarianceReport) -> InvarianceReport:
-    """Two checks of the same shapes as one report: exact only if both are."""
-    return replace(
-        a,
-        batch_invariant=a.batch_invariant and b.batch_invariant,
-        max_abs_diff=max(a.max_abs_diff, b.max_abs_diff),
-        argmax_agrees=a.argmax_agrees and b.argmax_agrees,
-        positions=a.positions + b.positions,
-    )
-
-
 def _pass_cost(
     target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], round_rows: int
 ) -> tuple[float, tuple[tuple[int, float], ...]]:
@@ -373,10 +206,10 @@ def _pass_cost(
     sequence's round (the advised draft length's curve starts from them: advice.py)."""
     shapes = replace(shapes, pass_cost_rows=float(shapes.max_rows))  # every round in one pass
     rounds = [
-        JobRows(s, PROBE_CONTEXT, _round_tokens(ids, s, round_rows), True)
+        JobRows(s, PROBE_CONTEXT, round_tokens(ids, s, round_rows), True)
         for s in range(target.n_seq)
     ]
-    single = JobRows(0, PROBE_CONTEXT, _round_tokens(ids, 0, 1), True)
+    single = JobRows(0, PROBE_CONTEXT, round_tokens(ids, 0, 1), True)
 
     def timed(jobs: list[JobRows]) -> float:
         best = float("inf")

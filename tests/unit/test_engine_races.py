@@ -596,7 +596,7 @@ def test_the_probe_leaves_its_sequences_empty():
 
 
 def test_compare_reports_the_largest_difference():
-    from server.verifier.invariance import compare
+    from server.verifier.round_probe import compare
 
     reference = np.zeros((3, 4), dtype=np.float32)
     same = reference.copy()
