@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from server.verifier import invariance
 from server.verifier.app import build_runtime
 from server.verifier.decoder import PassDecoder
-from server.verifier.passes import PassShapes
 from server.verifier.settings import VerifierSettings
 
 KEPT = ("batch_invariant", "max_abs_diff", "argmax_agrees", "pinned_width", "pinned_logits")
@@ -44,28 +43,14 @@ def main() -> None:
     )
     runtime = build_runtime(settings)
     try:
-        decoder = PassDecoder(runtime)
-        round_rows = settings.max_draft + 1
-        free = PassShapes(
-            n_seq=decoder.n_seq,
-            max_rows=min(decoder.n_batch, decoder.n_seq * round_rows),
-            pass_cost_rows=0.0,
-        )
-        # The long context the server's probe takes (invariance.probe_engine).
-        longest = min(invariance.LONG_CONTEXT, args.n_ctx, decoder.n_ctx_per_seq - 2 * round_rows)
+        arguments = invariance.probe_arguments(PassDecoder(runtime), settings, reuse=False)
         for pin in ("off", "on"):
-            for long_context in (0, longest):
+            for long_context in (0, arguments["long_context"]):
                 row: dict[str, object] = {"pin": pin, "long_context": long_context}
                 began = time.perf_counter()
                 try:
                     report = invariance.probe(
-                        decoder,
-                        free,
-                        round_rows=round_rows,
-                        pin=pin,
-                        pin_width=round_rows,
-                        prompt_chunks=[decoder.n_batch],
-                        long_context=long_context,
+                        **{**arguments, "pin": pin, "long_context": long_context}
                     )
                     row.update((k, v) for k, v in asdict(report).items() if k in KEPT)
                 except Exception as exc:  # the other configurations' rows still count

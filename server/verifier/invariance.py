@@ -78,33 +78,39 @@ def probe_engine(
 ) -> tuple[InvarianceReport, PassShapes]:
     """The engine's probe, from its settings: the report, and the pass shapes to use
     (pinned or free, each pass's cost in rows measured unless the settings give it)."""
-    max_draft = settings.max_draft
-    free = PassShapes(
-        n_seq=decoder.n_seq,
-        max_rows=min(decoder.n_batch, decoder.n_seq * (max_draft + 1)),
-        pass_cost_rows=settings.pass_cost_rows,
-    )
-    report = probe(
-        decoder,
-        free,
-        round_rows=max_draft + 1,
-        pin=settings.pin_shapes,
-        pin_width=settings.pin_width or max_draft + 1,
-        prompt_chunks=prompt_chunks(decoder.n_batch, settings.prompt_chunk, reuse, max_draft + 1),
-        tile_rows=_tile_rows(decoder.n_batch, settings, max_draft + 1),
-        long_context=min(
-            LONG_CONTEXT,
-            settings.n_ctx,
-            decoder.n_ctx_per_seq - 2 * max(max_draft + 1, settings.pin_width),
-        ),
-    )
+    arguments = probe_arguments(decoder, settings, reuse)
+    report = probe(**arguments)
     shapes = replace(
-        free,
+        arguments["free"],
         pass_cost_rows=settings.pass_cost_rows or report.pass_cost_rows,
         pinned_width=report.pinned_width,
         pinned_logits=report.pinned_logits,
     )
     return report, shapes
+
+
+def probe_arguments(decoder: ProbeTarget, settings: VerifierSettings, reuse: bool) -> dict:
+    """probe()'s arguments as the engine's settings give them (scripts/gpu/shapes.py runs
+    the probe with some of them changed)."""
+    round_rows = settings.max_draft + 1
+    return {
+        "target": decoder,
+        "free": PassShapes(
+            n_seq=decoder.n_seq,
+            max_rows=min(decoder.n_batch, decoder.n_seq * round_rows),
+            pass_cost_rows=settings.pass_cost_rows,
+        ),
+        "round_rows": round_rows,
+        "pin": settings.pin_shapes,
+        "pin_width": settings.pin_width or round_rows,
+        "prompt_chunks": prompt_chunks(decoder.n_batch, settings.prompt_chunk, reuse, round_rows),
+        "tile_rows": _tile_rows(decoder.n_batch, settings, round_rows),
+        "long_context": min(
+            LONG_CONTEXT,
+            settings.n_ctx,
+            decoder.n_ctx_per_seq - 2 * max(round_rows, settings.pin_width),
+        ),
+    }
 
 
 def _tile_rows(n_batch: int, settings: VerifierSettings, round_rows: int) -> int:
