@@ -25,6 +25,7 @@ from drafter.draft_rules import DraftRules, rules_for
 from drafter.draft_sequence import DraftSequence
 from drafter.errors import DraftModelError
 from server.shared import vocab
+from server.shared.devices import model_placement
 from server.shared.prefix import common_prefix_len
 from server.shared.protocol import Grammar, PrefillRequest, SamplingParams
 from server.shared.runtime import LlamaError, supports_gpu_offload
@@ -57,6 +58,25 @@ def default_gpu_layers() -> int:
     return -1 if supports_gpu_offload() else 0
 
 
+def gpu_layers(n_gpu_layers: int | None) -> int:
+    """The layers to offload: all where the build has a GPU, unless asked; asked of a
+    build without a GPU backend, refused, naming the rebuild."""
+    if n_gpu_layers is None:
+        return default_gpu_layers()
+    if n_gpu_layers and not supports_gpu_offload():
+        raise DraftModelError(
+            f"--n-gpu-layers {n_gpu_layers} asks for a GPU, but this llama-cpp-python was "
+            'built without GPU support: rebuild it with CMAKE_ARGS="-DGGML_METAL=on" '
+            '(CUDA: "-DGGML_CUDA=on") ./scripts/setup.sh, or --n-gpu-layers 0 for the CPU'
+        )
+    return n_gpu_layers
+
+
+def where(model: DraftModel) -> str:
+    """Where a draft model computes: its backend, device and offloaded layers."""
+    return model_placement(model.runtime).describe()
+
+
 class DraftModel(Drafter):
     """One KV sequence of a draft context: a generation's drafts, and what its cache holds.
 
@@ -83,7 +103,7 @@ class DraftModel(Drafter):
                 n_ctx=n_ctx,
                 n_seq=n_seq,
                 n_threads=n_threads,
-                n_gpu_layers=default_gpu_layers() if n_gpu_layers is None else n_gpu_layers,
+                n_gpu_layers=gpu_layers(n_gpu_layers),
                 verbose=verbose,
             )
         except (FileNotFoundError, LlamaError) as exc:

@@ -17,6 +17,7 @@ from drafter.length_memory import LengthMemory, RememberingLength
 from drafter.lookup_gate import LookupGate
 from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from drafter.model import DraftModel, DraftPolicy
+from drafter.model import where as draft_where
 from drafter.ngram import ModelWithLookup, NgramDrafter
 from drafter.output import BaselineResult
 from drafter.plain_lengths import DoublingLength, FixedLength
@@ -101,6 +102,14 @@ def load_checked_drafter(
     return model, info, note
 
 
+def verifier_where(info: InfoResponse) -> str:
+    """Where the verifier computes, as its /info says (an older verifier does not)."""
+    if not info.backend:
+        return "an unnamed backend"
+    layers = f", {info.gpu_layers} of {info.n_layer + 1} layers" if info.gpu_layers else ""
+    return f"{info.backend} ({info.device}){layers}" if info.device else info.backend + layers
+
+
 def load_verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVocab:
     """The verifier's vocabulary, for drafting through text: fetched once per hash."""
     try:
@@ -134,7 +143,7 @@ def check_prompt_fits(vocab: LlamaVocab, request: PrefillRequest, info: InfoResp
     if n >= info.n_ctx:
         raise DrafterError(
             f"the prompt is {n} tokens; the verifier's context holds {info.n_ctx} tokens, "
-            "prompt and answer together (its VERIFIER_N_CTX)"
+            f"prompt and answer together ({info.context_hint()})"
         )
 
 
@@ -295,6 +304,9 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
         model, info, note = load_checked_drafter(client, settings, translate=settings.translate)
         target = None
         try:
+            renderer.status(
+                f"draft model on {draft_where(model)}; verifier on {verifier_where(info)}"
+            )
             if note:
                 renderer.status(note)
             if model.vocab_relation == "translated":

@@ -33,6 +33,35 @@ if no_amx=$(./scripts/amx_faults.sh); then
     fi
 fi
 
+# A GPU build is what was asked for, or it is not done: pip would otherwise keep an
+# installed CPU build ("Requirement already satisfied") or reuse its cached CPU wheel.
+gpu=""
+case " ${CMAKE_ARGS:-} " in
+    *GGML_CUDA=[Oo][Nn]*|*GGML_CUDA=1*) gpu=CUDA ;;
+    *GGML_METAL=[Oo][Nn]*|*GGML_METAL=1*) gpu=Metal ;;
+    *GGML_HIP=[Oo][Nn]*|*GGML_VULKAN=[Oo][Nn]*|*GGML_SYCL=[Oo][Nn]*) gpu=GPU ;;
+esac
+if [ -z "$gpu" ] && [ "$(uname -s)-$(uname -m)" = "Darwin-arm64" ]; then
+    gpu=Metal  # llama.cpp's default on Apple Silicon
+fi
+if [ "$gpu" = CUDA ] && ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] \
+    && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    echo "[setup] CMAKE_ARGS asks for CUDA, but no CUDA compiler is here (nvcc on PATH," \
+        "CUDACXX, /usr/local/cuda/bin/nvcc): install the CUDA toolkit first" \
+        "(docs/deployment.md)" >&2
+    exit 1
+fi
+offloads() { .venv/bin/python -c 'import sys, llama_cpp; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null; }
+if [ -n "$gpu" ] && .venv/bin/python -c 'import llama_cpp' 2>/dev/null && ! offloads; then
+    say "the installed llama-cpp-python has no GPU backend: it builds again for $gpu"
+    rebuild=(--force-reinstall --no-deps "llama-cpp-python>=0.3.36,<0.4")
+    rm -f .venv/.installed-*
+fi
+if [ -n "$gpu" ]; then
+    # Never a wheel pip cached from an earlier (CPU) build.
+    export PIP_NO_CACHE_DIR=1 PIP_NO_BINARY=llama-cpp-python
+fi
+
 # Reinstall only when the project's dependencies change.
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS-${CMAKE_ARGS:-}"
 stamp+=${no_amx:+-no-amx}
@@ -53,6 +82,15 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 else
     say "dependencies up to date"
+fi
+if [ -n "$gpu" ] && ! offloads; then
+    echo "[setup] llama-cpp-python was built without a GPU backend although $gpu was asked" \
+        "for: see the build log above (pip install -v) and docs/deployment.md" >&2
+    exit 1
+fi
+if [ -n "$gpu" ]; then
+    say "llama.cpp's devices: $(.venv/bin/python -c 'from server.shared.devices import list_devices
+print(", ".join(f"{d.name} ({d.description})" for d in list_devices()))')"
 fi
 
 .venv/bin/python scripts/prepare_models.py

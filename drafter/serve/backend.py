@@ -18,12 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from drafter.model import DraftModel
+from drafter.model import where as draft_where
 from drafter.runner import (
     connect,
     load_checked_drafter,
     load_verifier_vocab,
     speculative_loop,
     user_history,
+    verifier_where,
 )
 from drafter.serve.errors import PromptTooLong
 from drafter.serve.prompts import TextSide
@@ -156,9 +158,11 @@ class SpeculativeBackend:
         if note:
             log.info("%s", note)
         log.info(
-            "draft model %s ready for verifier %s; generations at once: %d",
+            "draft model %s ready on %s for verifier %s on %s; generations at once: %d",
             first.name,
+            draft_where(first),
             self.settings.server,
+            verifier_where(self.info),
             parallel,
         )
         slots = [GenerationSlot(m, c) for m, c in zip(models, clients, strict=True)]
@@ -183,7 +187,7 @@ class SpeculativeBackend:
         if len(prompt_ids) >= self.info.n_ctx:
             raise PromptTooLong(
                 f"the prompt is {len(prompt_ids)} tokens; the verifier's context holds "
-                f"{self.info.n_ctx} (prompt and answer)"
+                f"{self.info.n_ctx}, prompt and answer together ({self.info.context_hint()})"
             )
 
     def start(self, slot: GenerationSlot, generation: Generation) -> asyncio.Future[Finished]:

@@ -27,6 +27,18 @@ class InfoResponse(ResponseModel):
         1, description="the most tokens a round without a draft may ask for (chunk_tokens)"
     )
     max_sessions: int
+    # Where the model computes and what sized the context: an older verifier leaves them out.
+    n_ctx_train: int = Field(0, description="the context the model was trained for")
+    context_source: str = Field(
+        "",
+        description="what set n_ctx: asked (VERIFIER_N_CTX), trained (the model's trained "
+        "context) or budget (VERIFIER_KV_CACHE_MB over max_sessions: fewer sessions, more "
+        "context)",
+    )
+    backend: str = Field("", description="where the layers run: CPU, CUDA, Metal, ...")
+    device: str = Field("", description="the backend's device: a GPU's name, or the CPU's")
+    gpu_layers: int = Field(0, description="layers offloaded to the GPU (the output layer is one)")
+    n_layer: int = Field(0, description="the model's layers, the output layer not counted")
     flash_attn: bool
     batch_invariant: bool = Field(
         True,
@@ -77,3 +89,14 @@ class InfoResponse(ResponseModel):
         description="hash of the token texts of ids 5 to end-1, for every end within 128 "
         "of n_vocab: a drafter compares the range both vocabularies have",
     )
+
+    def context_hint(self) -> str:
+        """Where more context is to be had, for a prompt that does not fit."""
+        if self.context_source == "trained":
+            return "all the model was trained for: a model trained on longer texts"
+        if self.context_source == "budget":
+            return (
+                "what its memory holds for VERIFIER_MAX_SESSIONS sessions: fewer sessions, a "
+                "larger VERIFIER_KV_CACHE_MB, or VERIFIER_N_CTX"
+            )
+        return "its VERIFIER_N_CTX"

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
-import os
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
+from server.shared.machine import usable_cores
 from server.shared.vocab import VOCAB_TYPES
 
 log = logging.getLogger(__name__)
@@ -58,25 +57,15 @@ class BatchEntry:
     want_logits: bool
 
 
-def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """The cores this process may use: its CPU affinity (what `taskset` or a cpuset
-    allows), capped by a CPU quota (cgroup v2 `cpu.max`, as `docker --cpus` and
-    Kubernetes limits set it); not the machine's count, nor llama.cpp's fixed default."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity API
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 quota here
-    return cores
-
-
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def ggml_library() -> ctypes.CDLL:
+    """The ggml library this build loaded: server/shared/devices.py reads its devices."""
+    from llama_cpp._ggml import libggml
+
+    return libggml
 
 
 class LlamaVocab:
@@ -95,7 +84,7 @@ class LlamaVocab:
         if not model_path.is_file():
             raise FileNotFoundError(f"model file not found: {model_path}")
         _init_backend(verbose)
-        self.model_path = model_path
+        self.model_path, self.n_gpu_layers = model_path, n_gpu_layers
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 999
         model_params.vocab_only = vocab_only
@@ -162,6 +151,24 @@ class LlamaVocab:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     @property
+    def n_ctx_train(self) -> int:
+        return int(llama_cpp.llama_model_n_ctx_train(self._model))
+
+    @property
+    def n_layer(self) -> int:
+        return int(llama_cpp.llama_model_n_layer(self._model))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One token's keys and values in every layer, f16 (llama.cpp's default cache type):
+        an estimate where layers differ (sliding windows, latent attention)."""
+        m, arch = self._model, self.metadata("general.architecture") or ""
+        head = int(self.metadata(f"{arch}.attention.key_length") or 0) or int(
+            llama_cpp.llama_model_n_embd(m)
+        ) // max(1, int(llama_cpp.llama_model_n_head(m)))
+        return self.n_layer * 2 * int(llama_cpp.llama_model_n_head_kv(m)) * head * 2
+
+    @property
     def quantization(self) -> str:
         ftype = int(llama_cpp.llama_model_ftype(self._model))
         name = llama_cpp.llama_ftype_name(ftype)
@@ -175,8 +182,7 @@ class LlamaVocab:
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
 
     def vocab_pieces(self) -> Iterator[bytes]:
-        for token_id in range(self.n_vocab):
-            yield self.token_text(token_id)
+        yield from map(self.token_text, range(self.n_vocab))
 
     # -- text <-> tokens --------------------------------------------------------------
 
@@ -209,9 +215,7 @@ class LlamaVocab:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
     def chat_prompt(self, user: str, system: str | None = None) -> str:
-        messages = [("system", system)] if system else []
-        messages.append(("user", user))
-        return self.apply_chat_template(messages)
+        return self.apply_chat_template([*([("system", system)] if system else []), ("user", user)])
 
     def starts_with_bos(self, text: str) -> bool:
         """Whether a rendered prompt writes the BOS text itself (some templates do)."""
@@ -267,13 +271,14 @@ class LlamaVocab:
 
 
 class LlamaRuntime(LlamaVocab):
-    """A model and one context with `n_seq_max` KV sequences."""
+    """A model and one context with `n_seq_max` KV sequences of `n_ctx_per_seq` cells, or
+    of what a function of the loaded model (its trained context, its KV size) decides."""
 
     def __init__(
         self,
         model_path: str | Path,
         *,
-        n_ctx_per_seq: int,
+        n_ctx_per_seq: int | Callable[[LlamaVocab], int],
         n_seq_max: int = 1,
         n_batch: int = 512,
         n_threads: int = 0,
@@ -283,6 +288,8 @@ class LlamaRuntime(LlamaVocab):
         verbose: bool = False,
     ):
         super().__init__(model_path, n_gpu_layers=n_gpu_layers, verbose=verbose)
+        if callable(n_ctx_per_seq):
+            n_ctx_per_seq = n_ctx_per_seq(self)
         ctx_params = llama_cpp.llama_context_default_params()
         # Each session gets its own KV stream of n_ctx_per_seq cells (kv_unified off), so
         # one session's length never eats another's room.

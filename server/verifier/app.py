@@ -16,15 +16,15 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from server.shared.protocol import ErrorBody
 from server.shared.request_body import BodyLimit
-from server.shared.runtime import LlamaRuntime, supports_gpu_offload
+from server.shared.runtime import LlamaRuntime
 from server.verifier.engine import Engine
 from server.verifier.errors import install_error_handlers, send_error
+from server.verifier.loading import check_model_file, describe_context, load
 from server.verifier.metrics import RequestMetricsMiddleware, VerifierMetrics
 from server.verifier.round_path import VerifyFastPath
 from server.verifier.routes import generate, service, sessions
@@ -42,50 +42,16 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def build_engine(settings: VerifierSettings) -> Engine:
-    return Engine(build_runtime(settings), settings)
+    loaded = load(settings)
+    resolved = settings.model_copy(update={"n_ctx": loaded.context.n_ctx})
+    engine = Engine(loaded.runtime, resolved)
+    engine.loaded = loaded
+    return engine
 
 
 def build_runtime(settings: VerifierSettings) -> LlamaRuntime:
     """The model loaded as the settings say, not yet probed."""
-    # Each sequence has room past its context for the widest pass (a padded round, filler
-    # rows, a prompt's stretch padded to a tile), and one llama_decode holds a pass of
-    # every sequence at a round's width.
-    widest = max(settings.max_draft + 1, settings.pin_width)
-    padded = settings.prompt_tile_rows if settings.prompt_pad != "off" else 0
-    return LlamaRuntime(
-        settings.model_path,
-        n_ctx_per_seq=settings.n_ctx + max(widest, padded),
-        n_seq_max=settings.max_sessions,
-        n_batch=max(settings.n_batch, settings.max_sessions * widest),
-        n_threads=settings.n_threads,
-        single_row_threads=single_row_threads(settings),
-        n_gpu_layers=settings.n_gpu_layers,
-        flash_attn=settings.flash_attn,
-        verbose=settings.verbose,
-    )
-
-
-def single_row_threads(settings: VerifierSettings) -> int:
-    """Threads for a pass of one row (0: as many as for any pass). The CPU build's flash
-    attention splits a lone row's keys between threads once its sequence holds more than
-    256 cells, and sums the parts in another order than a pass of more rows does: the
-    verifier alone would then not decode what a round does (docs/numerics.md). With one
-    thread the split is one part, the same sums. Where a GPU runs every layer, the CPU
-    computes no attention."""
-    every_layer_on_gpu = settings.n_gpu_layers < 0 and supports_gpu_offload()
-    return 0 if every_layer_on_gpu else 1
-
-
-def check_model_file(path: Path) -> None:
-    """What a wrong VERIFIER_MODEL_PATH looks like, found before anything else starts."""
-    if not path.is_file():
-        raise RuntimeError(
-            f"no model file at {path} (VERIFIER_MODEL_PATH): ./scripts/setup.sh prepares "
-            "the default pair, scripts/prepare_models.py others"
-        )
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise RuntimeError(f"{path} is not a GGUF file (VERIFIER_MODEL_PATH)")
+    return load(settings).runtime
 
 
 def describe_ready(engine: Engine) -> str:
@@ -104,9 +70,12 @@ def describe_ready(engine: Engine) -> str:
         if engine.cuts.tile_rows
         else ""
     )
+    context = f" ({describe_context(engine.loaded.context)})" if engine.loaded else ""
+    where = f" on {engine.loaded.placement.describe()}" if engine.loaded else ""
     return (
-        f"verifier ready: {engine.model_name} ({engine.runtime.quantization}), "
-        f"{engine.n_seq} sessions of {engine.n_ctx} tokens; greedy passes {exact}{pinned}; "
+        f"verifier ready: {engine.model_name} ({engine.runtime.quantization}){where}, "
+        f"{engine.n_seq} sessions of {engine.n_ctx} tokens{context}; "
+        f"greedy passes {exact}{pinned}; "
         f"a pass costs {shapes.pass_cost_rows:.1f} rows; prompts in chunks of "
         f"{engine.prompt_chunk}{tiled}; prompt reuse {reuse}{listening()}"
     )

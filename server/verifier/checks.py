@@ -89,11 +89,18 @@ def check_generated(n_prompt: int, generated: int) -> int:
     return n_prompt - generated
 
 
+# Where an operator finds more context: the setting, and what it trades.
+MORE_CONTEXT = (
+    " (the verifier's VERIFIER_N_CTX; with it unset, fewer VERIFIER_MAX_SESSIONS or a "
+    "larger VERIFIER_KV_CACHE_MB give each session more, up to the model's trained context)"
+)
+
+
 def check_prompt_len(n_tokens: int, n_ctx: int) -> None:
     if n_tokens >= n_ctx:
         raise ContextOverflow(
             f"the prompt has {n_tokens} tokens; a session's context holds {n_ctx} "
-            "and needs room for at least one new token"
+            f"and needs room for at least one new token{MORE_CONTEXT}"
         )
 
 
@@ -121,7 +128,7 @@ def check_round(
     needed = committed + len(draft_tokens)
     if needed > n_ctx:
         raise ContextOverflow(
-            f"the round needs {needed} positions; the session's context holds {n_ctx}"
+            f"the round needs {needed} positions; the session's context holds {n_ctx}{MORE_CONTEXT}"
         )
 
 

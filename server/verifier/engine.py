@@ -54,6 +54,7 @@ from server.verifier.errors import (
 )
 from server.verifier.eviction import Eviction
 from server.verifier.jobs import JobRows, Opened, PrefillWork, VerifyWork, Work
+from server.verifier.loading import Loaded
 from server.verifier.packing import Packing
 from server.verifier.prefix_reuse import PrefixReuse
 from server.verifier.reply_spans import engine_cuts
@@ -79,6 +80,8 @@ class Ran:
 
 
 class Engine:
+    loaded: Loaded | None = None  # what sized and placed the runtime (loading.py), if known
+
     def __init__(self, runtime: LlamaRuntime, settings: VerifierSettings):
         """The runtime is probed here (invariance.py): the pass shapes, the prompt chunk
         and whether prefixes may be reused follow from what it finds."""
@@ -88,7 +91,7 @@ class Engine:
             raise ValueError(f"n_batch={runtime.n_batch} cannot hold a draft of {max_draft} + 1")
         self.runtime, self.max_draft = runtime, max_draft
         self.n_seq = runtime.n_seq_max
-        self.n_ctx = min(settings.n_ctx, runtime.n_ctx_per_seq - widest)
+        self.n_ctx = min(settings.n_ctx or runtime.n_ctx_per_seq, runtime.n_ctx_per_seq - widest)
         if self.n_ctx < 2:
             raise ValueError("the context is too small for a prompt and a round")
         self.model_name = runtime.metadata("general.name") or runtime.model_path.stem
@@ -364,4 +367,20 @@ def engine_info(engine: Engine) -> InfoResponse:
         lookup_sizing=engine.copier.sizing,
         chunk_copy_ngram=engine.copier.ngram,
         strategies={s: engine.lossless(s) for s in LOSSLESS},
+        **placement_info(engine.loaded),
     )
+
+
+def placement_info(loaded: Loaded | None) -> dict[str, object]:
+    """/info's facts of where the model computes and what sized its context."""
+    if loaded is None:
+        return {}
+    where = loaded.placement
+    return {
+        "n_ctx_train": loaded.runtime.n_ctx_train,
+        "context_source": loaded.context.source,
+        "backend": where.backend,
+        "device": where.device,
+        "gpu_layers": where.gpu_layers,
+        "n_layer": where.n_layer,
+    }

@@ -107,7 +107,7 @@ def probe_arguments(decoder: ProbeTarget, settings: VerifierSettings, reuse: boo
         "tile_rows": _tile_rows(decoder.n_batch, settings, round_rows),
         "long_context": min(
             LONG_CONTEXT,
-            settings.n_ctx,
+            settings.n_ctx or decoder.n_ctx_per_seq,
             decoder.n_ctx_per_seq - 2 * max(round_rows, settings.pin_width),
         ),
     }

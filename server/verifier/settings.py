@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
@@ -28,9 +28,24 @@ class VerifierSettings(BaseSettings):
         return data
 
     model_path: Path = Field(DEFAULT_VERIFIER_MODEL, description="GGUF file of the target model")
-    n_ctx: int = Field(2048, ge=16, description="context length of each session, in tokens")
+    n_ctx: int = Field(
+        0,
+        ge=0,
+        description="context length of each session, in tokens; 0 = the model's trained "
+        "context, or less where kv_cache_mb cannot hold it for max_sessions sessions (fewer "
+        "sessions, longer contexts)",
+    )
+    kv_cache_mb: int = Field(
+        0,
+        ge=0,
+        description="memory for every session's KV cache, in MiB, when n_ctx is 0; 0 = half "
+        "of what is free where the cache lives (the GPU after the weights, else the system)",
+    )
     n_gpu_layers: int = Field(
-        0, ge=-1, description="layers offloaded to the GPU (-1 = all); 0 on a CPU-only build"
+        0,
+        ge=-1,
+        description="layers offloaded to the GPU (-1 = all); asked of a build without GPU "
+        "support, the start stops and names the rebuild",
     )
     n_threads: int = Field(
         0,
@@ -220,6 +235,13 @@ class VerifierSettings(BaseSettings):
         "does not load, instead of exiting with an error",
     )
     verbose: bool = Field(False, description="print llama.cpp's own log to stderr")
+
+    @field_validator("n_ctx")
+    @classmethod
+    def _a_context_or_auto(cls, n_ctx: int) -> int:
+        if 0 < n_ctx < 16:
+            raise ValueError("a session's context is at least 16 tokens (0: sized to the model)")
+        return n_ctx
 
 
 @lru_cache

@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from drafter.cli import app
+from server.shared.runtime import supports_gpu_offload
 from tests.conftest import TEST_THREADS
 from tests.fixtures.tiny_gguf import write_tiny_gguf
 
@@ -166,6 +167,20 @@ def test_missing_model_file_is_a_clear_error(live_verifier, tmp_path):
     )
     assert result.exit_code == 1
     assert "model file not found" in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(supports_gpu_offload(), reason="this build has a GPU")
+def test_gpu_layers_asked_of_a_cpu_build_name_the_rebuild(live_verifier):
+    result = invoke("--server", live_verifier.url, "--n-gpu-layers", "-1", "--prompt", "hi")
+    assert result.exit_code == 1
+    message = " ".join(result.output.split())
+    assert "built without GPU support" in message and "CMAKE_ARGS" in message
+
+
+def test_the_status_names_where_each_model_computes(live_verifier):
+    result = invoke("--server", live_verifier.url, "--prompt", "hi", "--max-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert "draft model on CPU (" in result.output and "verifier on CPU (" in result.output
 
 
 def live_verifier_info(verifier) -> dict:

@@ -53,6 +53,11 @@ def test_health_and_info(client, verifier_model):
     assert info["max_draft"] == MAX_DRAFT
     assert info["max_sessions"] == 4
     assert info["flash_attn"] is True
+    # Where it computes, and what sized its context: the tests' VERIFIER_N_CTX, below the
+    # model's trained context.
+    assert (info["n_ctx"], info["context_source"], info["n_ctx_train"]) == (1024, "asked", 8192)
+    assert info["backend"] == ("CPU" if info["gpu_layers"] == 0 else info["backend"])
+    assert info["device"] and info["n_layer"] == 30
     assert len(info["vocab_hash"]) == 64
     assert info["model_path"] == str(verifier_model)
     assert (info["vocab_type"], info["add_bos"], info["add_eos"]) == ("bpe", False, False)
