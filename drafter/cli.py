@@ -78,6 +78,7 @@ PortOpt = Annotated[int | None, _flag("port")]
 ParallelOpt = Annotated[int | None, _flag("parallel")]
 QueueOpt = Annotated[int | None, _flag("queue")]
 ServeApiKeyOpt = Annotated[str | None, _flag("serve_api_key")]
+MaxOutputTokensOpt = Annotated[int | None, _flag("max_output_tokens")]
 CorsOriginOpt = Annotated[list[str] | None, _flag("cors_origins", "--cors-origin")]
 
 app = typer.Typer(
@@ -189,6 +190,7 @@ def serve(
     translate: TranslateOpt = None,
     parallel: ParallelOpt = None,
     queue: QueueOpt = None,
+    max_output_tokens: MaxOutputTokensOpt = None,
     serve_api_key: ServeApiKeyOpt = None,
     cors_origins: CorsOriginOpt = None,
 ) -> None:

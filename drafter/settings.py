@@ -208,6 +208,16 @@ class DrafterSettings(BaseSettings):
     queue: int = Field(
         8, ge=0, description="Requests `serve` keeps waiting beyond --parallel; more get 429."
     )
+    # An agent that sets no limit would otherwise write until the verifier's context is
+    # full (llama.cpp's server stops only there), minutes of a CPU verifier's time for an
+    # answer that rambles. A limit that a long answer, code included, still fits in.
+    max_output_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Tokens an answer of `serve` may have where its request sets no limit "
+        "(chat completions without max_tokens, the Responses API without "
+        "max_output_tokens); a request's own limit wins.",
+    )
     serve_api_key: str | None = Field(
         None,
         description="The key `serve`'s clients must send (Authorization: Bearer KEY, the "

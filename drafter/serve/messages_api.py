@@ -29,6 +29,13 @@ from drafter.serve.protocol import (
 )
 
 MAX_BLOCKS = 1024
+# Claude Code's first system block: an attribution line for Anthropic's billing, whose
+# value changes between conversations (`cc_version=...<hash of the first message>`) and,
+# in some versions, every request (`cch=...`). It tells the model nothing, and at the head
+# of the prompt it would make every request's prompt differ from the first tokens on:
+# nothing the verifier cached could be reused. So it is left out of the prompt.
+BILLING_HEADER = "x-anthropic-billing-header:"
+MAX_CONTEXT_EDITS = 16
 # The chat request's fields, as this API names them (in its refusals).
 FIELDS = {"stop": "stop_sequences", "response_format": "output_config.format"}
 
@@ -96,7 +103,9 @@ Block = Annotated[
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["user", "assistant"]
+    # `system` mid-conversation: Claude Code's reminders (its `mid-conversation-system`
+    # beta), text only, written as a system turn where they stand.
+    role: Literal["user", "assistant", "system"]
     # The list first: a bad block is what its errors name (a bad text says little).
     content: Annotated[list[Block], Field(min_length=1, max_length=MAX_BLOCKS)] | Text
 
@@ -116,10 +125,11 @@ class AnthropicTool(BaseModel):
 
 
 class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # disable_parallel_tool_use: one call at most
+    model_config = ConfigDict(extra="ignore")
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    disable_parallel_tool_use: bool = False  # true: one call at most
 
 
 class OutputFormat(BaseModel):
@@ -153,7 +163,8 @@ class MessagesRequest(EdgeRequest):
     )
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
         "mcp_servers": (None, []),
-        "context_management": (None,),  # its edits would change the prompt
+        # Its edits would change the prompt, but for clearing thinking (unsupported_fields).
+        "context_management": (None,),
     }
 
     model: str | None = None
@@ -168,6 +179,13 @@ class MessagesRequest(EdgeRequest):
     tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     output_config: OutputConfig | None = None
+
+    def unsupported_fields(self) -> list[str]:
+        refused = super().unsupported_fields()
+        edits = (self.model_extra or {}).get("context_management")
+        if "context_management" in refused and _clears_thinking_only(edits):
+            refused.remove("context_management")
+        return refused
 
     def prefill(self) -> str:
         """A last message of the assistant's: the answer's beginning, which it continues
@@ -215,6 +233,8 @@ class MessagesRequest(EdgeRequest):
             json_schema = {"name": "output", "schema": form.schema_, "strict": True}
             body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
         choice = self.tool_choice
+        if choice is not None and choice.disable_parallel_tool_use:
+            body["parallel_tool_calls"] = False
         if choice is not None and choice.type == "tool":
             if choice.name is None:
                 raise invalid_request("tool_choice tool needs its name", "tool_choice.name")
@@ -239,8 +259,18 @@ class MessagesRequest(EdgeRequest):
         messages: list[dict[str, Any]] = []
         if self.system:
             system = self.system
-            text = system if isinstance(system, str) else "".join(b.text for b in system)
-            messages.append({"role": "system", "content": text})
+            if isinstance(system, str):
+                text = system
+            else:
+                text = "".join(b.text for b in system if not b.text.startswith(BILLING_HEADER))
+            if text:
+                messages.append({"role": "system", "content": text})
+        if self.messages[0].role == "system":
+            raise invalid_request(
+                "messages.0.role: a conversation begins with the user's or the assistant's "
+                "message; the system prompt is `system`",
+                "messages.0.role",
+            )
         called: set[str] = set()
         replayed = self.messages[:-1] if self.prefill() else self.messages
         for i, message in enumerate(replayed):
@@ -250,6 +280,8 @@ class MessagesRequest(EdgeRequest):
                 at = f"messages.{i}.content.{j}"
                 if isinstance(block, TextBlock):
                     texts.append(block.text)
+                elif message.role == "system":
+                    raise invalid_request(f"{at}: a system message holds text blocks only", at)
                 elif isinstance(block, ThinkingBlock):
                     if message.role != "assistant":
                         raise invalid_request(f"{at}: {block.type} blocks are the assistant's", at)
@@ -285,3 +317,22 @@ class CountTokensRequest(MessagesRequest):
     """`/v1/messages/count_tokens`: a message request without `max_tokens`."""
 
     max_tokens: int = Field(1, ge=1)
+
+
+def _clears_thinking_only(value: Any) -> bool:
+    """`context_management` whose edits only clear thinking (what Claude Code sends): no
+    change here, where no thinking reaches the prompt (replayed thinking blocks are
+    dropped). Other edits (clearing tool results...) would change the prompt: refused."""
+    if not isinstance(value, dict) or set(value) - {"edits"}:
+        return False
+    edits = value.get("edits")
+    return (
+        isinstance(edits, list)
+        and len(edits) <= MAX_CONTEXT_EDITS
+        and all(
+            isinstance(edit, dict)
+            and isinstance(edit.get("type"), str)
+            and edit["type"].startswith("clear_thinking_")
+            for edit in edits
+        )
+    )

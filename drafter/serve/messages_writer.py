@@ -1,7 +1,8 @@
 """The Messages API's shapes of one answer: the message whole, or its stream's events in
-Anthropic's order (`message_start`, a content block's `content_block_start`,
-`content_block_delta`s (`text_delta`, or the call's `input_json_delta`) and
-`content_block_stop`, then `message_delta` with the `stop_reason`, then `message_stop`),
+Anthropic's order (`message_start`, each content block's `content_block_start`,
+`content_block_delta`s (`text_delta`, or a call's `input_json_delta`) and
+`content_block_stop`: the text's where there is text, then each call's; then
+`message_delta` with the `stop_reason`, then `message_stop`),
 and errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class MessageObject(BaseModel):
 
 
 def stop_reason(answered: Answered) -> str:
-    if answered.tool_call is not None:
+    if answered.tool_calls:
         return "tool_use"
     if answered.finished.finish_reason == "length":
         return "max_tokens"
@@ -74,12 +75,12 @@ class MessagesWriter:
         self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
         self.text_so_far = ""
         self.block_open = False
+        self.block_done = False
 
     def _message(self, answered: Answered) -> MessageObject:
-        if answered.tool_call is not None:
-            content = [_tool_use(answered.tool_call)]
-        else:
-            content = [{"type": "text", "text": answered.text}]
+        calls = answered.tool_calls
+        text = [{"type": "text", "text": answered.text}] if answered.text or not calls else []
+        content = [*text, *(_tool_use(call) for call in calls)]
         return MessageObject(
             id=self.message_id,
             model=self.model,
@@ -126,19 +127,30 @@ class MessagesWriter:
         delta = {"type": "text_delta", "text": text}
         return [*opened, self._event("content_block_delta", index=0, delta=delta)]
 
-    def call(self, index: int, call: ToolCall) -> list[ServerSentEvent]:
-        block = {**_tool_use(call), "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": call.function.arguments}
-        return [
-            self._event("content_block_start", index=0, content_block=block),
-            self._event("content_block_delta", index=0, delta=delta),
-            self._event("content_block_stop", index=0),
-        ]
+    def _close_text(self) -> list[ServerSentEvent]:
+        if self.block_done:
+            return []
+        self.block_done = True
+        return [self._event("content_block_stop", index=0)]
+
+    def calls(self, index: int, calls: Sequence[ToolCall]) -> list[ServerSentEvent]:
+        """Each call a `tool_use` block of its own, after the text's (where there is text)."""
+        events = self._close_text() if self.block_open else []
+        first = 1 if self.block_open else 0
+        for at, call in enumerate(calls, start=first):
+            block = {**_tool_use(call), "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": call.function.arguments}
+            events += [
+                self._event("content_block_start", index=at, content_block=block),
+                self._event("content_block_delta", index=at, delta=delta),
+                self._event("content_block_stop", index=at),
+            ]
+        return events
 
     def ending(self, answered: Answered) -> list[ServerSentEvent]:
         events = []
-        if answered.tool_call is None:
-            events += [*self._open_text(), self._event("content_block_stop", index=0)]
+        if not answered.tool_calls:
+            events += [*self._open_text(), *self._close_text()]
         done = self._message(replace(answered, text=self.text_so_far))
         delta = {"stop_reason": done.stop_reason, "stop_sequence": done.stop_sequence}
         usage = done.usage.model_dump()

@@ -90,7 +90,7 @@ IGNORED = frozenset(
         "service_tier",
         "prompt_cache_key",
         "safety_identifier",
-        "parallel_tool_calls",  # no tools are called here
+        "parallel_tool_calls",  # completions call no tools (chat's is a field)
     }
 )
 # Fields of llama.cpp's server that its clients send: not supported here, refused unless
@@ -345,6 +345,8 @@ class ChatCompletionRequest(_Request):
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # Several calls in one answer (OpenAI's default); false: one at most.
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:

@@ -25,7 +25,7 @@ from drafter.serve.protocol import ChatCompletionRequest, _Request
 from drafter.serve.shapes import Answered
 from drafter.serve.slots import SlotPool
 from drafter.serve.text_out import Spelled
-from drafter.serve.tools import CallSniffer, parse_tool_call, request_grammar
+from drafter.serve.tools import CallSniffer, parse_tool_calls, request_grammar
 from drafter.serve.wire import Writer
 from server.shared.protocol import Grammar, PrefillRequest
 from server.shared.strict import did_you_mean
@@ -64,16 +64,16 @@ class Started:
         return Answered(self.choice.index, text, finished, self.choice.nth == 0, logprobs)
 
     def whole(self, wants_logprobs: bool, calls_tools: bool) -> Answered:
-        """The choice whole, once it is done: its text (or the tool call it is), and the
-        logprobs if asked for."""
+        """The choice whole, once it is done: its text (and the tool calls it makes), and
+        the logprobs if asked for."""
         texts, logprobs = [self.choice.prompted.echo], []
         while (item := self.events.get_nowait()) is not _DONE:
             texts.append(item[0])
             logprobs += item[1]
         text = "".join(texts)
-        call = parse_tool_call(text) if calls_tools else None
-        answered = self.answered("" if call else text, logprobs if wants_logprobs else None)
-        return replace(answered, tool_call=call)
+        text, calls = parse_tool_calls(text) if calls_tools else (text, [])
+        answered = self.answered(text, logprobs if wants_logprobs else None)
+        return replace(answered, tool_calls=tuple(calls))
 
 
 @dataclass(frozen=True)
@@ -281,16 +281,16 @@ async def choice_events(
         if text or (shown.logprobs and spelled):
             for event in writer.text(index, text, spelled if shown.logprobs else None):
                 yield event
-    call = None
+    calls: list = []
     if sniffer is not None:
-        held, call = sniffer.finish()
+        held, calls = sniffer.finish()
         if held:
             for event in writer.text(index, held, None):
                 yield event
-        if call is not None:
-            for event in writer.call(index, call):
+        if calls:
+            for event in writer.calls(index, calls):
                 yield event
-    answered.append(replace(started.answered(), tool_call=call))
+    answered.append(replace(started.answered(), tool_calls=tuple(calls)))
     for event in writer.ending(answered[-1]):
         yield event
 

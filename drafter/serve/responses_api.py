@@ -8,6 +8,8 @@ earlier turn evaluated."""
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -16,8 +18,11 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
 )
 
 from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
@@ -32,7 +37,20 @@ from drafter.serve.protocol import (
     json_depth,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_ITEMS = 1024
+# Tools OpenAI runs on its side (web search, file search, a code interpreter, image
+# generation), or whose calls come back in item shapes other than `function_call` (a local
+# shell, custom tools with their own grammar, namespaces of functions): none can be called
+# here. An agent offers them with every request whatever the provider (Codex sends
+# `web_search`), so they are left out of the prompt, logged, and absent from the response's
+# echoed `tools`, rather than refused; a tool type none of these is still a 400.
+HOSTED_TOOL = re.compile(
+    r"(web_search|web_search_preview|file_search|code_interpreter|image_generation"
+    r"|local_shell|shell|apply_patch|custom|computer_use|computer_use_preview|mcp"
+    r"|namespace|tool_search)(_\d{4}_\d{2}_\d{2})?"
+)
 LOGPROBS = "message.output_text.logprobs"
 # The chat request's fields, as this API names them (in its refusals).
 FIELDS = {"messages": "input", "response_format": "text.format"}
@@ -135,7 +153,9 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None  # the only one a model without it has
+    # Asks a model that has it for longer or shorter answers; these models have no such
+    # setting, so every value answers the same (Codex sends `low`).
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ResponsesRequest(EdgeRequest):
@@ -148,10 +168,10 @@ class ResponsesRequest(EdgeRequest):
             "prompt_cache_options",
             "truncation",  # `auto` or not, a prompt the context cannot hold is a 400 here
             "safety_identifier",
-            "parallel_tool_calls",  # one call at most an answer here
             "max_tool_calls",
             "reasoning",  # these models do not reason
             "stream_options",
+            "client_metadata",  # Codex's ids of its session and turn
         }
     )
     REFUSED: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -179,10 +199,35 @@ class ResponsesRequest(EdgeRequest):
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: allowed, as OpenAI's default is
     stream: bool = False
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
     # What else to include: the only one that would change the output here is logprobs.
     include: list[Annotated[str, Field(max_length=100)]] | None = Field(None, max_length=32)
+    _left_out: list[str] = PrivateAttr(default_factory=list)  # the hosted tools' types
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _hosted_tools_left_out(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        left_out: list[str] = []
+        tools = data.get("tools") if isinstance(data, dict) else None
+        if isinstance(tools, list) and len(tools) <= MAX_TOOLS:  # more: refused as they are
+            kept = []
+            for tool in tools:
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                if isinstance(kind, str) and HOSTED_TOOL.fullmatch(kind):
+                    left_out.append(kind)
+                else:
+                    kept.append(tool)
+            data = {**data, "tools": kept}
+        request = handler(data)
+        request._left_out = left_out
+        return request
+
+    @property
+    def left_out_tools(self) -> list[str]:
+        """The types of the tools offered that cannot be called here."""
+        return list(self._left_out)
 
     def unsupported_fields(self) -> list[str]:
         refused = super().unsupported_fields()
@@ -195,6 +240,8 @@ class ResponsesRequest(EdgeRequest):
 
     def to_chat(self) -> ChatCompletionRequest:
         """The same request as chat completions' (a 400 where it has no such form)."""
+        if self._left_out:
+            log.info("tools left out (not callable here): %s", ", ".join(self._left_out))
         body: dict[str, Any] = {
             "model": self.model,
             "messages": self._messages(),
@@ -222,6 +269,8 @@ class ResponsesRequest(EdgeRequest):
                 }
                 for t in self.tools
             ]
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
         if isinstance(self.tool_choice, FunctionChoice):
             body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
         # `auto` without tools asks for nothing (some clients always send it).

@@ -1,10 +1,10 @@
 """The Responses API's shapes of one answer: the response object whole, or its stream's
 events in OpenAI's order, each numbered (`sequence_number`): `response.created`,
 `response.in_progress`, then a message's (`response.output_item.added`,
-`response.content_part.added`, `response.output_text.delta`..., `.done` each) or a
-function call's (`response.output_item.added`, `response.function_call_arguments.delta`
-and `.done`, `response.output_item.done`), then `response.completed` (or
-`response.incomplete`, cut at `max_output_tokens`)."""
+`response.content_part.added`, `response.output_text.delta`..., `.done` each) where there
+is text, then each function call's (`response.output_item.added`,
+`response.function_call_arguments.delta` and `.done`, `response.output_item.done`), then
+`response.completed` (or `response.incomplete`, cut at `max_output_tokens`)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ class ResponsesWriter:
         self.sequence = 0
         self.text_so_far = ""
         self.message_open = False
+        self.message_done = False
 
     def whole(self, answered: Sequence[Answered]) -> BaseModel:
         (one,) = answered
@@ -114,17 +115,20 @@ class ResponsesWriter:
             else tool_choice.model_dump(),
             "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
             "metadata": request.metadata or {},
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
         }
         if answered is not None:
             finished = answered.finished
-            cut = finished.finish_reason == "length" and answered.tool_call is None
+            cut = finished.finish_reason == "length" and not answered.tool_calls
             body["status"] = "incomplete" if cut else "completed"
             if cut:
                 body["incomplete_details"] = {"reason": "max_output_tokens"}
-            if answered.tool_call is not None:
-                body["output"] = [self._call_item(answered.tool_call)]
-            else:
-                body["output"] = [self._message_item(answered.text, "completed")]
+            calls = answered.tool_calls
+            message = [self._message_item(answered.text, "completed")]
+            body["output"] = [
+                *(message if answered.text or not calls else []),
+                *(self._call_item(call) for call in calls),
+            ]
             body["usage"] = ResponseUsage(
                 input_tokens=finished.prompt_tokens,
                 input_tokens_details=InputTokensDetails(cached_tokens=finished.cached_tokens),
@@ -191,46 +195,56 @@ class ResponsesWriter:
         at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         return [*opened, self._event("response.output_text.delta", **at, delta=text, logprobs=[])]
 
-    def call(self, index: int, call: ToolCall) -> list[ServerSentEvent]:
-        item = self._call_item(call)
-        arguments = call.function.arguments
+    def _close_message(self) -> list[ServerSentEvent]:
+        if self.message_done:
+            return []
+        self.message_done = True
+        at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        text = self.text_so_far
         return [
+            self._event("response.output_text.done", **at, text=text, logprobs=[]),
+            self._event("response.content_part.done", **at, part=_output_text(text)),
             self._event(
-                "response.output_item.added",
+                "response.output_item.done",
                 output_index=0,
-                item=self._call_item(call, "", "in_progress"),
+                item=self._message_item(text, "completed"),
             ),
-            self._event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=0,
-                delta=arguments,
-            ),
-            self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=0,
-                name=call.function.name,
-                arguments=arguments,
-            ),
-            self._event("response.output_item.done", output_index=0, item=item),
         ]
+
+    def calls(self, index: int, calls: Sequence[ToolCall]) -> list[ServerSentEvent]:
+        """Each call an output item of its own, after the message (where there is text)."""
+        events = self._close_message() if self.message_open else []
+        first = 1 if self.message_open else 0
+        for at, call in enumerate(calls, start=first):
+            item = self._call_item(call)
+            arguments = call.function.arguments
+            events += [
+                self._event(
+                    "response.output_item.added",
+                    output_index=at,
+                    item=self._call_item(call, "", "in_progress"),
+                ),
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=at,
+                    delta=arguments,
+                ),
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=at,
+                    name=call.function.name,
+                    arguments=arguments,
+                ),
+                self._event("response.output_item.done", output_index=at, item=item),
+            ]
+        return events
 
     def ending(self, answered: Answered) -> list[ServerSentEvent]:
         events = []
-        if answered.tool_call is None:
-            events += self._open_message()
-            at = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-            text = self.text_so_far
-            events += [
-                self._event("response.output_text.done", **at, text=text, logprobs=[]),
-                self._event("response.content_part.done", **at, part=_output_text(text)),
-                self._event(
-                    "response.output_item.done",
-                    output_index=0,
-                    item=self._message_item(text, "completed"),
-                ),
-            ]
+        if not answered.tool_calls:
+            events += [*self._open_message(), *self._close_message()]
         done = self._response(replace(answered, text=self.text_so_far))
         kind = "response.incomplete" if done.status == "incomplete" else "response.completed"
         return [*events, self._event(kind, response=done.model_dump(mode="json"))]

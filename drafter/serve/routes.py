@@ -19,11 +19,6 @@ from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
 from drafter.serve.shapes import Reply
 
-DEFAULT_CHAT_MAX_TOKENS = 512
-# No limit but the verifier's context (the Responses API's default): generation ends
-# when the context is full.
-CONTEXT_LEFT = 1 << 30
-
 
 async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thread hop
     return request.app.state.backend
@@ -73,7 +68,8 @@ async def chat_completions(http: Request, request: ChatCompletionRequest, backen
     def render(side: TextSide) -> list[Prompted]:
         return chat_prompts(side, request)
 
-    max_tokens = request.max_completion_tokens or request.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+    limit = request.max_completion_tokens or request.max_tokens
+    max_tokens = limit or backend.settings.max_output_tokens
     writer = Reply.new(backend.model_id, backend.system_fingerprint, chat=True)
     return await answer(http, backend, request, render, max_tokens, writer)
 
@@ -87,7 +83,7 @@ async def responses(http: Request, request: ResponsesRequest, backend: BackendDe
     def render(side: TextSide) -> list[Prompted]:
         return chat_prompts(side, chat)
 
-    max_tokens = request.max_output_tokens or CONTEXT_LEFT
+    max_tokens = request.max_output_tokens or backend.settings.max_output_tokens
     writer = ResponsesWriter(request, backend.model_id)
     return await answer(http, backend, chat, render, max_tokens, writer)
 

@@ -44,11 +44,11 @@ class Answered:
     finished: Finished
     first_of_its_prompt: bool  # its prompt is counted in the usage once
     logprobs: list[Spelled] | None = None
-    tool_call: ToolCall | None = None  # the answer is this call (its text is none)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the answer makes, after its text
 
     @property
     def finish_reason(self) -> str:
-        return "tool_calls" if self.tool_call is not None else self.finished.finish_reason
+        return "tool_calls" if self.tool_calls else self.finished.finish_reason
 
 
 def total_usage(answered: Sequence[Answered]) -> Usage:
@@ -141,8 +141,8 @@ class Reply:
                 ChatChoice(
                     index=a.index,
                     message=AssistantMessage(
-                        content=None if a.tool_call else a.text,
-                        tool_calls=[a.tool_call] if a.tool_call else None,
+                        content=None if a.tool_calls and not a.text else a.text,
+                        tool_calls=list(a.tool_calls) or None,
                     ),
                     finish_reason=a.finish_reason,
                     logprobs=chat_logprobs(a.logprobs),
@@ -172,11 +172,11 @@ class Reply:
     def text(self, index: int, text: str, logprobs: list[Spelled] | None) -> list[ServerSentEvent]:
         return [_event(self.chunk(index, text, logprobs=logprobs))]
 
-    def call(self, index: int, call: ToolCall) -> list[ServerSentEvent]:
-        return [_event(self.call_chunk(index, call))]
+    def calls(self, index: int, calls: Sequence[ToolCall]) -> list[ServerSentEvent]:
+        return [_event(self.call_chunk(index, i, call)) for i, call in enumerate(calls)]
 
     def ending(self, answered: Answered) -> list[ServerSentEvent]:
-        last = self.chunk(answered.index, None, answered.finished, call=answered.tool_call)
+        last = self.chunk(answered.index, None, answered.finished, calls=bool(answered.tool_calls))
         return [_event(last)]
 
     def closing(self, answered: Sequence[Answered], usage: bool) -> list[ServerSentEvent]:
@@ -192,13 +192,13 @@ class Reply:
         text: str | None,
         finished: Finished | None = None,
         logprobs: list[Spelled] | None = None,
-        call: ToolCall | None = None,
+        calls: bool = False,
     ) -> str:
         """A text chunk (`finish_reason` null), with its tokens' logprobs if asked for; a
         choice's last (`finished` given) carries no text, the finish reason and the
         choice's speculative figures."""
         finish = finished.finish_reason if finished is not None else None
-        if finished is not None and call is not None:
+        if finished is not None and calls:
             finish = "tool_calls"
         extra = {"speculative": finished.figures} if finished is not None else {}
         if self.chat:
@@ -219,9 +219,10 @@ class Reply:
             body = Completion(**self._ids(), choices=[text_choice], **extra)
         return body.model_dump_json()
 
-    def call_chunk(self, index: int, call: ToolCall) -> str:
-        """A chat stream's tool call, whole, as OpenAI's deltas carry one."""
-        delta = Delta(tool_calls=[ToolCallDelta(index=0, **call.model_dump())])
+    def call_chunk(self, index: int, position: int, call: ToolCall) -> str:
+        """A chat stream's tool call, whole, as OpenAI's deltas carry one (`position`: its
+        place among the choice's calls)."""
+        delta = Delta(tool_calls=[ToolCallDelta(index=position, **call.model_dump())])
         choice = ChatChunkChoice(index=index, delta=delta, finish_reason=None)
         return ChatCompletionChunk(**self._ids(), choices=[choice]).model_dump_json()
 

@@ -4,11 +4,14 @@ tool call read back from the text.
 
 A tool call is written as the Hermes format writes one, which the default pair's family
 (and Qwen's) were trained on: `<tool_call>` then {"name": ..., "arguments": {...}} then
-`</tool_call>`. The grammar makes it so: with `tool_choice` `required` or a named
-function the answer is a call, its name one of the tools and its arguments valid against
-that tool's parameters; with `auto`, either a call (held to the same) or a text that does
-not begin with `<`. The tools are described to the model in a system message: the
-default templates (llama.cpp's built-in ones) have no place for them.
+`</tool_call>`; several calls (where the client allows them: `parallel_tool_calls`) one
+such block after another, a line apart. The grammar makes it so: with `tool_choice`
+`required` or a named function the answer is calls, each's name one of the tools and its
+arguments valid against that tool's parameters; with `auto`, either a text without
+`<tool_call>` in it, or such a text (often none) then calls held to the same. So the
+markup of a call is always read as a call, never returned as text. The tools are
+described to the model in a system message: the default templates (llama.cpp's built-in
+ones) have no place for them.
 """
 
 from __future__ import annotations
@@ -22,9 +25,16 @@ from pydantic import ValidationError
 from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
 from drafter.serve.responses import CalledFunction, ToolCall
+from server.shared.json_schemas import held_schema
 from server.shared.protocol import Grammar
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+OPENING, CLOSING = OPEN.strip(), CLOSE.strip()
+# A text with no call's opening anywhere in it; and a text that ends at its first opening
+# (llguidance's `&` and `~` on terminals: an opening with more than its line break after it
+# is not the first).
+TEXT = f"/(.|\\n)+/ & ~/(?s:.*){OPENING}(?s:.*)/"
+OPENED = f"/(?s:.*){OPENING}\\n/ & ~/(?s:.*){OPENING}(?s:.){{2,}}/"
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 # JSON Schema's keywords whose values are schemas: a map of them, one, or a list (or one).
 SCHEMA_MAPS = frozenset(
@@ -86,12 +96,20 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar:
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == choice.function.name]
     calls = {"anyOf": [_call_schema(tool, f"/anyOf/{i}") for i, tool in enumerate(tools)]}
-    call = f"{json.dumps(OPEN)} call {json.dumps(CLOSE)}"
-    rules = f"call: %json {json.dumps(calls)}"
+    # Held as a `json_schema` grammar's schema is (server/shared/json_schemas.py): a tool's
+    # parameters are as closed, and as bounded in whitespace, as a response format's.
+    lines = [f"call: %json {json.dumps(held_schema(calls))}"]
+    ending = f"call {json.dumps(CLOSE)}"
+    if request.parallel_tool_calls is not False:
+        lines.append(f"more: ({json.dumps(chr(10) + OPEN)} {ending})*")
+        ending += " more"
     if choice in (None, "auto"):
-        lark = f"start: call_block | TEXT\ncall_block: {call}\n{rules}\nTEXT: /[^<](.|\\n)*/"
+        # The text before a call and the call's opening are one terminal: a text alone
+        # before it would take the opening in (llguidance's lexemes are greedy).
+        lines += [f"start: TEXT | OPENED {ending}", f"TEXT: {TEXT}", f"OPENED: {OPENED}"]
     else:
-        lark = f"start: {call}\n{rules}"
+        lines.append(f"start: {json.dumps(OPEN)} {ending}")
+    lark = "\n".join(lines)
     return _grammar("tools", "lark", lark)
 
 
@@ -147,46 +165,68 @@ def tools_message(tools: list[Tool]) -> str:
     )
 
 
-def parse_tool_call(text: str) -> ToolCall | None:
-    """The call the text is, or None where it is a plain answer."""
-    if not text.startswith(OPEN.strip()):
-        return None
-    body = text.strip().removeprefix(OPEN.strip()).removesuffix(CLOSE.strip()).strip()
-    try:
-        called = json.loads(body)
-        name, arguments = called["name"], json.dumps(called["arguments"])
-    except (ValueError, KeyError, TypeError, RecursionError):  # nested past what json reads
-        return None
-    return ToolCall(
-        id=f"call_{uuid.uuid4().hex[:24]}", function=CalledFunction(name=name, arguments=arguments)
-    )
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """The text before the answer's calls, and the calls (each with its own id); the text
+    whole where it makes none. A call the token limit cut off (or nested past what json
+    reads) is dropped, the calls before it stand: a call's markup is never text."""
+    at = text.find(OPENING)
+    if at < 0:
+        return text, []
+    calls, decoder, end = [], json.JSONDecoder(), at
+    while text.startswith(OPENING, end):
+        try:
+            called, end = decoder.raw_decode(text, _skip_space(text, end + len(OPENING)))
+            name, arguments = called["name"], json.dumps(called["arguments"])
+        except (ValueError, KeyError, TypeError, RecursionError):  # cut, or nested too deep
+            break
+        end = _skip_space(text, end)
+        if not text.startswith(CLOSING, end):
+            break
+        end = _skip_space(text, end + len(CLOSING))
+        function = CalledFunction(name=name, arguments=arguments)
+        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=function))
+    return text[:at].rstrip(), calls
+
+
+def _skip_space(text: str, at: int) -> int:
+    return len(text) - len(text[at:].lstrip())
 
 
 class CallSniffer:
-    """A stream's text while it may still be a tool call: held while it could begin one,
-    let through once it cannot (a plain answer streams as usual)."""
+    """A stream's text while it may still come to a tool call: let through up to where a
+    call's opening may be forming (and the whitespace before it, which a call drops),
+    held from there; once the opening has come, the rest is the calls."""
 
     def __init__(self) -> None:
         self._held = ""
-        self.calling: bool | None = None  # None: not known yet
+        self.calling = False  # the opening has come
 
     def feed(self, text: str) -> str:
         """What can go out now."""
-        if self.calling is False:
-            return text
         self._held += text
-        opening = OPEN.strip()
-        if self._held.startswith(opening):
-            self.calling = True
+        if self.calling:
             return ""
-        if opening.startswith(self._held):
-            return ""  # could still become one
-        self.calling = False
-        out, self._held = self._held, ""
+        at = self._held.find(OPENING)
+        if at >= 0:
+            self.calling = True
+            out, self._held = self._held[:at].rstrip(), self._held[at:]
+            return out
+        keep = len(self._held) - _partial_opening(self._held)
+        keep = len(self._held[:keep].rstrip())
+        out, self._held = self._held[:keep], self._held[keep:]
         return out
 
-    def finish(self) -> tuple[str, ToolCall | None]:
-        """At the end: the text still held, or the call it made."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """At the end: the text still held, or the calls it made."""
         held, self._held = self._held, ""
-        call = parse_tool_call(held) if self.calling else None
-        return ("" if call else held), call
+        if not self.calling:
+            return held, []
+        return "", parse_tool_calls(held)[1]
+
+
+def _partial_opening(text: str) -> int:
+    """How long the end of `text` that may begin a call's opening is."""
+    for n in range(min(len(OPENING) - 1, len(text)), 0, -1):
+        if OPENING.startswith(text[-n:]):
+            return n
+    return 0

@@ -29,8 +29,9 @@ class Writer(Protocol):
         """Text as it comes (with its tokens' logprobs where asked for)."""
         ...
 
-    def call(self, index: int, call: ToolCall) -> list[ServerSentEvent]:
-        """The tool call a choice's answer is, whole (it is held until complete)."""
+    def calls(self, index: int, calls: Sequence[ToolCall]) -> list[ServerSentEvent]:
+        """The tool calls a choice's answer makes, after its text, each whole (they are
+        held until complete)."""
         ...
 
     def ending(self, answered: Answered) -> list[ServerSentEvent]:

@@ -32,6 +32,7 @@ import llguidance.numpy
 import numpy as np
 
 from server.shared.grammar_ends import never_ends
+from server.shared.json_schemas import held_schema
 
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
@@ -61,9 +62,12 @@ class GrammarError(ValueError):
 
 
 def compile_grammar(kind: str, source: str | dict[str, Any]) -> str:
-    """llguidance's grammar for a request's (`json_schema` takes a schema object)."""
+    """llguidance's grammar for a request's (`json_schema` takes a schema object, held as
+    server/shared/json_schemas.py holds one: objects closed, whitespace bounded)."""
     if kind not in GRAMMAR_KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}: one of {', '.join(GRAMMAR_KINDS)}")
+    if kind == "json_schema" and isinstance(schema := _schema(source), dict):
+        source = held_schema(schema)
     text = source if isinstance(source, str) else json.dumps(source)
     try:
         return llguidance.grammar_from(kind, text)  # type: ignore[arg-type]
@@ -291,7 +295,8 @@ class Grammars:
         before, began = allocated_bytes(), time.perf_counter()
         try:
             grammar = compile_grammar(kind, source)
-            schema = _schema(source) if kind == "json_schema" else None
+            # The schema as it was compiled: closing objects changes what can end.
+            schema = held_schema(_schema(source)) if kind == "json_schema" else None
             if (reason := never_ends(kind, grammar, schema)) is not None:
                 return None, reason, False
             matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)

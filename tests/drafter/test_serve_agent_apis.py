@@ -75,7 +75,7 @@ def anthropic_error(response, status: int, error_type: str, words: str = "") -> 
         ({"text": {"format": {"type": "json_schema", "schema": DEEP}}}, "schema"),
         ({"prompt_cache_option": {}}, "'prompt_cache_options'"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "web_searches"}]}, "tools"),  # no such type (web_search is)
         ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
         ({"text": {"format": {"type": "json_schema", "schema": HUGE_SCHEMA}}}, "response_format"),
@@ -241,7 +241,7 @@ def answered(text: str, reason: str = "stop", call: ToolCall | None = None, stop
         finish_reason=reason,
         stop_sequence=stop,
     )
-    return Answered(0, "" if call else text, finished, True, tool_call=call)
+    return Answered(0, "" if call else text, finished, True, tool_calls=(call,) if call else ())
 
 
 CALL = ToolCall(id="call_abc", function=CalledFunction(name="f", arguments='{"city": "Rome"}'))
@@ -251,8 +251,8 @@ def events(writer, pieces: list[str], done: Answered) -> list[tuple[str | None, 
     out = [*writer.opening(0, 20)]
     for piece in pieces:
         out += writer.text(0, piece, None)
-    if done.tool_call is not None:
-        out += writer.call(0, done.tool_call)
+    if done.tool_calls:
+        out += writer.calls(0, done.tool_calls)
     out += writer.ending(done)
     out += writer.closing([done], False)
     return [(e.event, json.loads(e.data)) for e in out]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scripts.harness.local import LocalServe
 from scripts.harness.metrics import Metrics
 from tests.conftest import TEST_THREADS
+from tests.fixtures.agent_requests import captured, with_cch
 from tests.integration.test_openai_api import WEATHER
 
 pytestmark = pytest.mark.integration
@@ -116,6 +117,24 @@ def test_responses_parse_gives_the_pydantic_model_the_verifier_wrote(local_api, 
     assert parsed.output_text == verifier_text(live_verifier, CHAT_PROMPT, 60, grammar)
 
 
+class OpenPerson(BaseModel):  # extra left as pydantic's default: its schema names no more
+    name: str = Field(max_length=40)
+    age: int = Field(ge=0, le=120)
+
+
+def test_a_schema_that_leaves_objects_open_gets_its_keys_and_no_others(local_api, live_verifier):
+    # Closed and whitespace-bounded on both sides alike (server/shared/json_schemas.py):
+    # the verifier alone, given the schema as it is, writes the same text.
+    schema = OpenPerson.model_json_schema()
+    response = openai_client(local_api).responses.create(
+        model="any", input=QUESTION, max_output_tokens=60, temperature=0,
+        text={"format": {"type": "json_schema", "name": "person", "schema": schema}},
+    )  # fmt: skip
+    assert set(json.loads(response.output_text)) <= {"name", "age"}
+    grammar = {"kind": "json_schema", "source": schema}
+    assert response.output_text == verifier_text(live_verifier, CHAT_PROMPT, 60, grammar)
+
+
 def test_a_forced_function_call_validates_streams_and_its_output_goes_back(local_api):
     client = openai_client(local_api)
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER_PARAMETERS}]
@@ -155,10 +174,11 @@ def test_a_forced_function_call_validates_streams_and_its_output_goes_back(local
         {"type": "function_call_output", "call_id": call.call_id, "output": '{"celsius": 21}'},
     ]
     after = client.responses.create(
-        model="any", input=replayed, tools=tools, max_output_tokens=20, temperature=0
+        model="any", input=replayed, tools=tools, max_output_tokens=60, temperature=0
     )
     assert after.usage.input_tokens > 40  # the call and its output are in the prompt
     assert after.output_text or after.output[0].type == "function_call"
+    assert "<tool_call>" not in after.output_text  # a call's markup is read as a call
     tokens = client.responses.input_tokens.count(model="any", input=replayed, tools=tools)
     assert tokens.input_tokens == after.usage.input_tokens
 
@@ -186,7 +206,10 @@ def test_the_agents_sdk_runs_a_function_tool_through_its_default_responses_model
         instructions="You answer questions about the weather with your tool.",
         tools=[get_weather],
         model=agents.OpenAIResponsesModel(model="any", openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", temperature=0.0),
+        # One call: the default pair repeats a call where several are allowed.
+        model_settings=agents.ModelSettings(
+            tool_choice="required", temperature=0.0, parallel_tool_calls=False
+        ),
         tool_use_behavior="stop_on_first_tool",
     )
     result = asyncio.run(agents.Runner.run(agent, "What's the weather in Paris?", max_turns=2))
@@ -365,3 +388,76 @@ def test_bad_input_is_a_400_in_each_apis_shape_and_leaves_nothing_behind(local_a
         assert refused.value.body["error"]["type"] == "invalid_request_error"
     assert Metrics.scrape(live_verifier.url).value("verifier_active_sessions") == 0
     assert prefills() == before
+
+
+# --- The coding agents' requests, as captured (tests/fixtures/agent_requests/) ---
+
+
+def sse_data(response: httpx.Response) -> list[dict]:
+    assert response.status_code == 200, response.text
+    lines = response.text.splitlines()
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+def test_claude_codes_second_turn_reuses_its_prompt_though_its_billing_line_changed(
+    local_api, live_verifier
+):
+    from drafter.serve.messages_api import MessagesRequest
+    from drafter.serve.tools import request_grammar, tools_message
+
+    agent = captured("claude_code")
+    url = local_api.url.removesuffix("/v1") + agent["path"]  # ?beta=true
+    headers = {**agent["headers"], "x-api-key": "unused"}
+    greedy = {"max_tokens": 12, "temperature": 0}  # Claude Code sends neither
+    # The first turn as Claude Code sends it, streamed.
+    first = {**with_cch(agent["first"], "1a2b3"), **greedy}
+    events = sse_data(httpx.post(url, json=first, headers=headers, timeout=120))
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+    usage = events[-2]["usage"]  # message_delta's: the whole usage
+    first_prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    # The same conversation a turn on, its billing line's `cch=` changed: the verifier
+    # keeps the first turn's prompt, all but a tile at worst (docs/numerics.md).
+    second = {**with_cch(agent["second"], "9f8e7"), **greedy, "stream": False}
+    response = httpx.post(url, json=second, headers=headers, timeout=120)
+    assert response.status_code == 200, response.text
+    message = response.json()
+    tile = httpx.get(f"{live_verifier.url}/info").json()["prompt_tile_rows"]
+    assert message["usage"]["cache_read_input_tokens"] >= max(1, first_prompt - 2 * tile)
+    # The verifier alone, on the prompt the conversation means (no billing line; the
+    # tools described in the system message) and under the same grammar.
+    chat = MessagesRequest.model_validate(second).to_chat()
+    turns = [[m.role, m.text] for m in chat.messages]
+    assert "x-anthropic-billing-header" not in turns[0][1]
+    turns[0][1] += "\n\n" + tools_message(chat.tools or [])
+    prompt = "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns)
+    grammar = request_grammar(chat)
+    expected = verifier_text(
+        live_verifier,
+        prompt + "<|im_start|>assistant\n",
+        12,
+        grammar.model_dump(exclude_none=True) if grammar else None,
+    )
+    (block,) = message["content"]
+    if block["type"] == "text":
+        assert block["text"] == expected
+    else:  # a call (the tools' markup, the verifier's text) came back as its block
+        assert block["type"] == "tool_use" and block["name"] in expected
+
+
+def test_codexs_request_with_a_hosted_tool_beside_a_function_is_answered(local_api):
+    agent = captured("codex")
+    url = local_api.url + agent["path"].removeprefix("/v1")
+    headers = {**agent["headers"], "authorization": "Bearer unused"}
+    body = {**agent["first"], "max_output_tokens": 8}  # as sent: streamed, sampled
+    events = sse_data(httpx.post(url, json=body, headers=headers, timeout=120))
+    assert events[0]["type"] == "response.created"
+    done = events[-1]
+    assert done["type"] in ("response.completed", "response.incomplete"), done
+    # web_search and the namespace are left out; the function is offered.
+    assert [t["name"] for t in done["response"]["tools"]] == ["exec_command"]
+    assert 1 <= done["response"]["usage"]["output_tokens"] <= 8
+    # A probe of one token, as clients send to check a provider answers.
+    probe = {**agent["second"], "stream": False, "max_output_tokens": 1}
+    response = httpx.post(url, json=probe, headers=headers, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["output_tokens"] == 1

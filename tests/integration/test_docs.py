@@ -32,8 +32,8 @@ VERIFIER_EXAMPLE = "localhost:8000"
 SERVE_EXAMPLE = "localhost:8080"
 README_MAX_LINES = 250
 # Commands the docs may show that this test neither runs nor parses: they act on the
-# reader's own machine (a clone, a key, a system's nginx).
-NOT_CHECKED = {"git", "ln", "cd", "export", "sudo", "openssl", "tee", "nginx"}
+# reader's own machine (a clone, a key, a system's nginx, a coding agent).
+NOT_CHECKED = {"git", "ln", "cd", "export", "sudo", "openssl", "tee", "nginx", "claude", "codex"}
 LOG_BOOK = re.compile(
     r"previous session|in the session that|this task|was lent|this round of work|"
     r"before this change|issue \d+|as before\b|since replaced",

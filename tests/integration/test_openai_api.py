@@ -559,9 +559,10 @@ def test_a_forced_tool_call_parses_and_validates_whole_or_streamed(local_api):
             {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
         ]
         after = client.chat.completions.create(
-            model="any", messages=replayed, tools=[WEATHER], max_tokens=20, temperature=0
+            model="any", messages=replayed, tools=[WEATHER], max_tokens=60, temperature=0
         ).choices[0]
         assert after.message.content or after.message.tool_calls
+        assert "<tool_call>" not in (after.message.content or "")  # read as a call
 
 
 def test_tools_whose_parameters_hold_defs_are_called_as_their_models_say(local_api):
@@ -583,10 +584,12 @@ def test_tools_whose_parameters_hold_defs_are_called_as_their_models_say(local_a
             temperature=0,
         ).choices[0]
         assert result.finish_reason == "tool_calls", result
-        (call,) = result.message.tool_calls
-        if choice != "required":
-            assert call.function.name == choice["function"]["name"]
-        MODELS[call.function.name].model_validate_json(call.function.arguments)
+        calls = result.message.tool_calls  # one or more: parallel_tool_calls by default
+        assert len({call.id for call in calls}) == len(calls) >= 1
+        for call in calls:
+            if choice != "required":
+                assert call.function.name == choice["function"]["name"]
+            MODELS[call.function.name].model_validate_json(call.function.arguments)
 
 
 def test_auto_tool_choice_answers_in_words_or_with_a_valid_call(local_api):
@@ -712,10 +715,11 @@ def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, dra
     alone = verifier_text(live_verifier, prompt, 32)
     assert [a.choices[0].text for a in answers] == [alone, alone]
     first, second = (a.model_extra["speculative"] for a in answers)
-    assert second["accepted"] > first["accepted"]
-    # Most of the repeated answer drafted (rounds do not compare: where the first request's
-    # lookups missed, it asked for chunks paced by measured times).
-    assert second["accepted"] >= answers[1].usage.completion_tokens // 2
+    # The repeat drafts from the first answer and more of it is accepted. How much more is
+    # not asserted: the verifier verifies the part of a lookup its measured pass costs say
+    # pays, a figure of this machine's load (rounds do not compare either: where the first
+    # request's lookups missed, it asked for chunks paced by measured times).
+    assert second["drafted"] > 0 and second["accepted"] > first["accepted"]
 
 
 def test_the_draft_model_is_loaded_at_start_before_any_request(live_verifier):
