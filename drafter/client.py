@@ -92,7 +92,7 @@ class VerifierClient:
         """`restart_wait_s`: how long to wait out a verifier that is restarting (its
         connections refused after it had answered, or 503 while it loads its model)
         before giving up, beyond the `max_retries` of any failure."""
-        self.base_url = base_url.rstrip("/")
+        self.base_url, self.ca_cert = base_url.rstrip("/"), ca_cert
         self.restart_wait_s = restart_wait_s
         url = urlsplit(self.base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -273,6 +273,12 @@ class VerifierClient:
             hint = " Does the verifier speak plain http:// rather than https://?"
         elif not self.reached and self.base_url.startswith("http:") and self._speaks_tls():
             hint = " The verifier speaks TLS there: use https://."
+        elif "CERTIFICATE_VERIFY_FAILED" in str(reason) and not self.ca_cert:
+            hint = (
+                " Its certificate is not signed by a CA this machine trusts: for a private "
+                "CA, give its certificate with --ca-cert ca.pem (DRAFTER_CA_CERT); "
+                "./scripts/make_certs.sh makes one."
+            )
         tries = f" after {retries + 1} tries" if retries else ""
         return VerifierUnavailable(
             f"the verifier at {self.base_url} {what}{tries} (cannot reach the verifier: "

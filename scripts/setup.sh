@@ -96,9 +96,10 @@ fi
 
 # Each machine prepares its own side's model: a verifier's (EXTRAS=server), a drafter's
 # (EXTRAS=drafter or serve), or both (the tests). PAIR names a pair of models/manifest.json.
-case "$EXTRAS" in
-    server) side=verifier ;;
-    drafter|serve) side=drafter ;;
+case ",$EXTRAS," in
+    *,test,*) side=both ;;
+    *,server,*) side=verifier ;;
+    *,drafter,*|*,serve,*) side=drafter ;;
     *) side=both ;;
 esac
 .venv/bin/python scripts/prepare_models.py --side "$side" ${PAIR:+--pair "$PAIR"}

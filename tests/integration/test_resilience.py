@@ -20,6 +20,7 @@ from drafter.model import DraftModel, DraftPolicy
 from scripts.harness.local import free_port
 from scripts.harness.metrics import Metrics
 from scripts.harness.restart import CLIENTS, run_drills
+from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
 from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier, verifier_env
 
@@ -55,13 +56,18 @@ def run_with_hook(url: str, model: DraftModel, hook, **client_args) -> tuple[lis
 
 
 def test_a_round_over_https_with_a_private_ca(verifier_model, tmp_path, undisturbed):
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
+    """The certificates made as the docs make them (scripts/make_certs.sh, openssl)."""
+    import subprocess
+
+    made = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "make_certs.sh"), "127.0.0.1", "localhost"],
+        env={**os.environ, "CERT_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
     key_path, cert_path, ca_path = (tmp_path / n for n in ("key.pem", "cert.pem", "ca.pem"))
-    cert.private_key_pem.write_to_path(key_path)
-    cert.cert_chain_pems[0].write_to_path(cert_path)
-    ca.cert_pem.write_to_path(ca_path)
     verifier = start_verifier(
         verifier_model,
         scheme="https",
@@ -86,7 +92,8 @@ def test_a_round_over_https_with_a_private_ca(verifier_model, tmp_path, undistur
         assert json.loads(trusted.stdout)["tokens"] == undisturbed
         untrusted = runner.invoke(app, [*args, "--retries", "0"])
         assert untrusted.exit_code == 1
-        assert "certificate" in untrusted.output.lower()
+        said = " ".join(untrusted.output.split())
+        assert "certificate" in said.lower() and "--ca-cert ca.pem" in said
     finally:
         verifier.stop()
 

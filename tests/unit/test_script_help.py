@@ -19,6 +19,7 @@ COMMANDS = [
     ["bench_grammar.py"],
     ["bench_overhead.py"],
     ["bench_pairs.py"],
+    ["expect.py"],
     ["failover.py"],
     ["loadtest.py"],
     ["prepare_models.py"],
