@@ -94,3 +94,10 @@ def test_this_build_lists_its_devices_and_a_cpu_build_no_gpu():
     found = list_devices()
     assert any(d.kind == "cpu" and d.description for d in found)
     assert any(d.is_gpu for d in found) == supports_gpu_offload()
+
+
+def test_a_ratio_measured_on_a_busy_machine_says_so():
+    from drafter.output import busy_note
+
+    assert busy_note(load=2.0, cores=2) == ""  # the demo's own two processes
+    assert busy_note(load=3.5, cores=2) == " (noisy: load 3.5 on 2 cores while it ran)"
