@@ -49,18 +49,30 @@ if [ "$gpu" = CUDA ] && ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] \
     && [ ! -x /usr/local/cuda/bin/nvcc ]; then
     echo "[setup] CMAKE_ARGS asks for CUDA, but no CUDA compiler is here (nvcc on PATH," \
         "CUDACXX, /usr/local/cuda/bin/nvcc): install the CUDA toolkit first" \
-        "(docs/deployment.md)" >&2
+        "(docs/gpu-server-and-mac.md)" >&2
     exit 1
 fi
 offloads() { .venv/bin/python -c 'import sys, llama_cpp; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null; }
-if [ -n "$gpu" ] && .venv/bin/python -c 'import llama_cpp' 2>/dev/null && ! offloads; then
-    say "the installed llama-cpp-python has no GPU backend: it builds again for $gpu"
-    rebuild=(--force-reinstall --no-deps "llama-cpp-python>=0.3.36,<0.4")
-    rm -f .venv/.installed-*
-fi
+gpu_build_failed() {
+    echo "[setup] llama-cpp-python did not build for $gpu (the log is above). Built on a" \
+        "machine without the GPU, CMake cannot detect its architecture: name it, e.g." \
+        "CMAKE_ARGS=\"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90\" (H100/H200; 80 for" \
+        "A100, 121 for GB10). The toolkit needs its libraries too (cuBLAS)." \
+        "docs/gpu-server-and-mac.md" >&2
+    exit 1
+}
 if [ -n "$gpu" ]; then
     # Never a wheel pip cached from an earlier (CPU) build.
     export PIP_NO_CACHE_DIR=1 PIP_NO_BINARY=llama-cpp-python
+fi
+if [ -n "$gpu" ] && .venv/bin/python -c 'import llama_cpp' 2>/dev/null && ! offloads; then
+    # pip keeps the installed build until the new one is built: a failed build leaves the
+    # venv as it was.
+    say "the installed llama-cpp-python has no GPU backend: it builds again for $gpu" \
+        "(about 10 minutes on 2 cores)"
+    .venv/bin/python -m pip install --disable-pip-version-check -q --force-reinstall \
+        --no-deps "llama-cpp-python>=0.3.36,<0.4" || gpu_build_failed
+    rebuild=()
 fi
 
 # Reinstall only when the project's dependencies change.
@@ -77,7 +89,12 @@ if [ ! -f "$stamp" ]; then
         say "llama-cpp-python builds again, without AMX: about 10 minutes on 2 cores"
         .venv/bin/python -m pip install --disable-pip-version-check -q "${rebuild[@]}"
     fi
-    .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]"
+    if [ -n "$gpu" ]; then
+        .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]" \
+            || gpu_build_failed
+    else
+        .venv/bin/python -m pip install --disable-pip-version-check -e ".[$EXTRAS]"
+    fi
     if [ -n "$no_amx" ]; then touch .venv/.llama-cpp-no-amx; fi
     rm -f .venv/.installed-*
     touch "$stamp"
@@ -86,7 +103,7 @@ else
 fi
 if [ -n "$gpu" ] && ! offloads; then
     echo "[setup] llama-cpp-python was built without a GPU backend although $gpu was asked" \
-        "for: see the build log above (pip install -v) and docs/deployment.md" >&2
+        "for: see the build log above (pip install -v) and docs/gpu-server-and-mac.md" >&2
     exit 1
 fi
 if [ -n "$gpu" ]; then
