@@ -170,20 +170,27 @@ class PassCost:
 
 class Advisor:
     """The advice for a session: from its own acceptance where it is alone; where two
-    sessions or more share the passes, from the acceptance of every session's rounds
-    together (in between, a mix), so that the sessions sharing a pass are advised alike.
-    A pass is as wide as its widest round (narrower ones are padded to it, or split off
-    into a pass of their own), so rounds of one length fill it best."""
+    sessions or more share the passes, from the acceptance of every round of its owner's
+    sessions together (in between, a mix), so that one owner's sessions sharing a pass
+    are advised alike. A pass is as wide as its widest round (narrower ones are padded to
+    it, or split off into a pass of their own), so rounds of one length fill it best.
+    Pooled per owner (API key): one key's drafts, rejected or marked as sure, never move
+    the advice another key gets."""
 
     def __init__(self, cost: PassCost):
         self.cost = cost
-        self.pool = Acceptance()
-        self._shared: int | None = None  # the last advice given from the pool alone
+        self._pools: dict[str, Acceptance] = {}
+        self._shared: dict[str, int | None] = {}  # the last advice given from a pool alone
 
-    def count(self, drafted: int, accepted_prefix_len: int) -> None:
-        self.pool = self.pool.after(drafted, accepted_prefix_len, POOL_DECAY)
+    def pool(self, owner: str) -> Acceptance:
+        return self._pools.get(owner, Acceptance())
 
-    def advise(self, acceptance: Acceptance, max_draft: int, last_draft: int = 0) -> int | None:
+    def count(self, owner: str, drafted: int, accepted_prefix_len: int) -> None:
+        self._pools[owner] = self.pool(owner).after(drafted, accepted_prefix_len, POOL_DECAY)
+
+    def advise(
+        self, acceptance: Acceptance, max_draft: int, last_draft: int = 0, owner: str = ""
+    ) -> int | None:
         """The advised draft length for a session whose last drafted round had
         `last_draft` drafts (0: none yet); None while what a pass costs is unknown (no
         probe timings and passes of one size only). It grows at most to twice the last
@@ -195,12 +202,13 @@ class Advisor:
             return None
         sharing = max(self.cost.sharing, 1.0)
         own = min(max(2.0 - sharing, 0.0), 1.0)  # alone: 1; two sessions a pass or more: 0
+        pool = self.pool(owner).rate
         if own > 0:
-            rate = own * acceptance.rate + (1 - own) * self.pool.rate
+            rate = own * acceptance.rate + (1 - own) * pool
             advised = advised_draft(rate, seconds, sharing, max_draft)
         else:
-            self._shared = advised_draft(self.pool.rate, seconds, sharing, max_draft, self._shared)
-            advised = self._shared
+            held = self._shared.get(owner)
+            advised = self._shared[owner] = advised_draft(pool, seconds, sharing, max_draft, held)
         return min(advised, 2 * last_draft + 1)
 
 

@@ -209,7 +209,9 @@ class CycleStep:
         except SessionNotFound:  # ended meanwhile: nothing to replay, nothing to advise
             return job.chunk.answer(None)
         engine = self.engine
-        advised = engine.advisor.advise(session.acceptance, engine.max_draft, session.last_draft)
+        advised = engine.advisor.advise(
+            session.acceptance, engine.max_draft, session.last_draft, session.owner
+        )
         answer = job.chunk.answer(advised)
         record_answer(session, job.round_key, answer)
         return answer

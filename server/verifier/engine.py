@@ -247,11 +247,11 @@ class Engine:
                     results.append(self._advance_prefill(work, len(job.tokens)))
             except Exception as exc:
                 results.append(self._fail(work, exc))
-        # Counted once the pass's rounds are answered: each was advised from the same. A lookup
-        # counts: its mark, the client's word, moves its own session's advice, not the pool.
-        for work, result in zip(works, results, strict=True):
-            if isinstance(result, VerifyResponse) and not work.copied:
-                self.advisor.count(len(work.draft_tokens), result.accepted_prefix_len)
+        # Counted once the pass's rounds are answered, each in its owner's pool (lookups too).
+        for work, done in zip(works, results, strict=True):
+            if isinstance(done, VerifyResponse) and not work.copied:
+                owner, drafted = work.session.owner, len(work.draft_tokens)
+                self.advisor.count(owner, drafted, done.accepted_prefix_len)
         return Ran(results, decoded.passes)
 
     def retile(self) -> int:
@@ -277,7 +277,7 @@ class Engine:
             remove=self.runtime.remove,
             is_eog=self.runtime.is_eog,
             lossless=self.lossless(work.session.strategy),
-            advise=lambda acceptance, last: self.advisor.advise(acceptance, self.max_draft, last),
+            advise=lambda a, last: self.advisor.advise(a, self.max_draft, last, work.session.owner),
             pass_sessions=round(self.pass_cost.sharing, 2),
         )
 
@@ -300,7 +300,7 @@ class Engine:
             lossless=self.lossless(session.strategy),
             cached_tokens=work.reservation.reused,
             advised_draft=self.advisor.advise(
-                session.acceptance, self.max_draft, session.last_draft
+                session.acceptance, self.max_draft, session.last_draft, session.owner
             ),
         )
         return Opened(response, session, work.reservation)

@@ -118,16 +118,34 @@ def test_sharing_follows_the_sessions_in_recent_passes():
 
 def test_sessions_sharing_passes_are_advised_alike_from_every_sessions_acceptance():
     """Loaded, a pass is as wide as its widest round: a session is advised mostly from
-    the acceptance of every session's rounds, so its rounds match the others'."""
+    the acceptance of every round of its owner's sessions, so its rounds match theirs."""
     cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
     advisor = Advisor(cost)
     lucky, unlucky = Acceptance(9.5, 0.5), Acceptance(5.0, 5.0)
     assert advisor.advise(lucky, 16, 16) != advisor.advise(unlucky, 16, 16)  # alone: its own
     for _ in range(300):
         cost.observe(24, 0.105, sessions=8)
-        advisor.count(2, 2)
-        advisor.count(2, 1)
+        advisor.count("", 2, 2)
+        advisor.count("", 2, 1)
     assert advisor.advise(lucky, 16, 16) == advisor.advise(unlucky, 16, 16) > 0
+
+
+@pytest.mark.parametrize("sessions", [1, 8])
+def test_one_keys_rejected_drafts_never_move_the_advice_another_key_gets(sessions):
+    """The pool is per owner: mallory's drafts, rejected however often (or marked sure by
+    her client), leave alice's advice as her own rounds and the passes' cost make it."""
+    advice = []
+    for mallory_rounds in (0, 300):
+        cost = PassCost(prior_fixed_rows=None, seed=CPU_PROBE)
+        advisor = Advisor(cost)
+        for i in range(300):
+            cost.observe(24, 0.105, sessions=sessions)
+            advisor.count("alice", 2, 2 if i % 4 else 1)
+            if i < mallory_rounds:
+                advisor.count("mallory", 2, 0)
+        advice.append(advisor.advise(Acceptance(9.0, 1.0), 16, 16, owner="alice"))
+    assert advice[0] == advice[1]
+    assert advisor.pool("alice") != advisor.pool("mallory")
 
 
 def test_shared_advice_prefers_the_shorter_length_near_a_tie_and_holds_it():

@@ -139,9 +139,9 @@ def test_a_chunks_answer_is_advised_from_the_sessions_last_drafted_round(monkeyp
     last_drafts, advised = [], []
     advise = engine.advisor.advise
 
-    def recording(acceptance, max_draft, last_draft=0):
+    def recording(acceptance, max_draft, last_draft=0, owner=""):
         last_drafts.append(last_draft)
-        advised.append(advise(acceptance, max_draft, last_draft))
+        advised.append(advise(acceptance, max_draft, last_draft, owner))
         return advised[-1]
 
     monkeypatch.setattr(engine.advisor, "advise", recording)

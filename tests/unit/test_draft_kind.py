@@ -1,7 +1,7 @@
 """A lookup's draft (prompt lookup, a suffix match: a copy of earlier text) is marked as
 one on the wire (`draft_kind`), judged as any draft, and kept out of what the session's
 acceptance is made from (a draft model's); its length still counts where a
-draft's does (the last draft the advice grows from, the pool of every session's rounds),
+draft's does (the last draft the advice grows from, the pool of its owner's rounds),
 since its rows fill a pass alike."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def round_with(opened, draft: list[int], kind: str | None) -> Job:
         draft_tokens=draft,
         draft_kind=kind,
     )
-    return Job("a", request.session_id, request=request, round_key=round_key(request))
+    owner = opened.session.owner
+    return Job(owner, request.session_id, request=request, round_key=round_key(request))
 
 
 @pytest.mark.parametrize("kind", [None, "lookup"])
@@ -40,7 +41,7 @@ def test_a_lookups_round_is_judged_alike_and_leaves_the_sessions_acceptance(kind
     opened = open_session(cycle, "the same text, twice")
     expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
     session = opened.session
-    pool, copies, resyncs = engine.advisor.pool, session.copies, session.resyncs
+    pool, copies, resyncs = engine.advisor.pool(session.owner), session.copies, session.resyncs
     step = cycle.step([round_with(opened, [expected[0], expected[1], 63], kind)])
     ((_, answer),) = step.answers
     assert answer.tokens == expected[:3] and answer.accepted_prefix_len == 2  # alike
@@ -57,9 +58,9 @@ def test_a_lookups_round_is_judged_alike_and_leaves_the_sessions_acceptance(kind
     else:
         assert session.acceptance == Acceptance().after(3, 2)
     # Either way its rows filled the pass: the advice grows from its length, and the pool
-    # every session's advice comes from counts it (the mark is only the client's word).
+    # its owner's sessions' advice comes from counts it (the mark is only the client's word).
     assert session.last_draft == 3
-    assert engine.advisor.pool == pool.after(3, 2, POOL_DECAY)
+    assert engine.advisor.pool(session.owner) == pool.after(3, 2, POOL_DECAY)
     assert (session.copies, session.resyncs) == (copies, resyncs)  # no copy of the verifier's
     check_engine(engine)
 
@@ -85,13 +86,13 @@ def test_a_replay_with_another_kind_is_answered_from_the_record_and_counted_once
     expected = runtime.reference_greedy(opened.response.prompt_ids, 4)
     first = round_with(opened, [expected[0], 63], None)
     ((_, answer),) = cycle.step([first]).answers
-    acceptance, pool = session.acceptance, cycle.engine.advisor.pool
+    acceptance, pool = session.acceptance, cycle.engine.advisor.pool(session.owner)
     again = VerifyRequest(**{**first.request.model_dump(), "draft_kind": "lookup"})
     assert round_key(again) == first.round_key  # the kind is no part of what a round is
     replay = Job("a", again.session_id, request=again, round_key=round_key(again))
     step = cycle.step([replay])
     assert step.replayed == 1 and step.answers[0][1] == answer
-    assert session.acceptance == acceptance and cycle.engine.advisor.pool == pool
+    assert session.acceptance == acceptance and cycle.engine.advisor.pool(session.owner) == pool
     check_engine(cycle.engine)
 
 
@@ -117,3 +118,23 @@ def test_the_drafter_marks_a_lookups_draft_and_keeps_the_mark():
     assert verify_request("s", [1], Draft([], None, lookup=True), 4).draft_kind is None
     # A verifier whose /info does not say it takes the mark gets none.
     assert verify_request("s", [1, 2, 3, 1, 2], lookup, 1, mark_lookups=False).draft_kind is None
+
+
+def test_one_owners_rejected_lookups_leave_another_owners_pool_and_advice():
+    """Mallory's lookups, marked sure and rejected at once, count in her own pool only:
+    alice's pool, what her advice is made from where sessions share passes, is as her own
+    rounds left it."""
+    runtime, cycle = build()
+    engine = cycle.engine
+    alice = open_session(cycle, "the same text, twice", owner="alice")
+    mallory = open_session(cycle, "another text, twice", owner="mallory")
+    expected = runtime.reference_greedy(alice.response.prompt_ids, 2)
+    cycle.step([round_with(alice, [expected[0], 63], None)])
+    pool = engine.advisor.pool("alice")
+    for _ in range(3):
+        job = round_with(mallory, [63, 63], "lookup")
+        ((_, answer),) = cycle.step([job]).answers
+        assert answer.accepted_prefix_len < 2
+    assert engine.advisor.pool("alice") == pool
+    assert engine.advisor.pool("mallory") != pool
+    check_engine(engine)
