@@ -82,6 +82,16 @@ def live_verifier(verifier_model: Path) -> Iterator[LiveVerifier]:
     verifier.stop()
 
 
+@pytest.fixture(scope="session")
+def unsized_verifier(verifier_model: Path) -> Iterator[LiveVerifier]:
+    """A verifier that verifies a lookup's draft whole: one that sizes it verifies the part
+    its measured pass costs say pays, which a loaded machine moves. For tests that count
+    what a lookup earned (with a fixed draft length, which no timing moves either)."""
+    verifier = start_verifier(verifier_model, lookup_sizing="false")
+    yield verifier
+    verifier.stop()
+
+
 class ReferenceDecoder:
     """Greedy decoding with llama-cpp-python's high-level `Llama` and its own sampler.
 

@@ -196,14 +196,16 @@ def test_pipelining_reuses_the_drafts_made_while_a_round_was_out(live_verifier, 
 
 
 def test_the_suffix_drafter_drafts_a_repeated_request_from_the_users_history(
-    live_verifier, reference, tmp_path
+    unsized_verifier, reference, tmp_path
 ):
     """The second time a request comes, its whole answer is in the history file the first
-    one left: most of it is drafted and accepted, and the output is the verifier's."""
+    one left: most of it is drafted and accepted, and the output is the verifier's. (A
+    fixed draft length and lookups verified whole: what `auto` and a sizing verifier
+    choose follows measured times.)"""
     history = tmp_path / "history.jsonl"
     prompt = "Write a haiku about the sea."
     runs = [
-        run_cli(live_verifier.url, prompt, True, "auto", 40, "--drafter", "suffix",
+        run_cli(unsized_verifier.url, prompt, True, 8, 40, "--drafter", "suffix",
                 "--history-file", str(history))
         for _ in range(2)
     ]  # fmt: skip

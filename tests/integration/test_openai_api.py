@@ -692,16 +692,17 @@ def test_logprobs_under_a_grammar_list_only_the_tokens_it_allows(local_api):
 
 
 @pytest.mark.parametrize("drafter", ["suffix", "model+suffix", "model+history"])
-def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, drafter):
+def test_serve_drafts_a_repeated_request_from_its_own_history(unsized_verifier, drafter):
     """`--drafter suffix`: a request's text joins serve's history when it ends, so the
     same question again is drafted from the first answer; both are the verifier's own.
-    With the model behind the lookup (`model+suffix`), where the model steps aside on
-    this CPU, the lookup's drafts still go; `model+history` drafts from the history alone,
+    With the model behind the lookup (`model+suffix`), the lookup's drafts go first;
+    `model+history` drafts from the history alone,
     on a match as long as the verifier's copies wait for (the prompt holds one). A stop
-    sequence (never met) paces the chunks as a watched generation's: a lookup the
-    verifier's measured costs size to none this round is tried again a few tokens on."""
+    sequence (never met) paces the chunks as a watched generation's. A fixed draft
+    length, and lookups verified whole: what `auto` and a verifier that sizes lookups
+    choose follows measured times, which a loaded machine moves."""
     prompt = "List the eight planets of the solar system in order from the Sun, one per line:\n"
-    api = LocalAPI(live_verifier.url, "--drafter", drafter)
+    api = LocalAPI(unsized_verifier.url, "--drafter", drafter, "--draft-n", "8")
     try:
         client = api.client()
         answers = [
@@ -712,14 +713,11 @@ def test_serve_drafts_a_repeated_request_from_its_own_history(live_verifier, dra
         ]
     finally:
         api.stop()
-    alone = verifier_text(live_verifier, prompt, 32)
+    alone = verifier_text(unsized_verifier, prompt, 32)
     assert [a.choices[0].text for a in answers] == [alone, alone]
     first, second = (a.model_extra["speculative"] for a in answers)
-    # The repeat drafts from the first answer and more of it is accepted. How much more is
-    # not asserted: the verifier verifies the part of a lookup its measured pass costs say
-    # pays, a figure of this machine's load (rounds do not compare either: where the first
-    # request's lookups missed, it asked for chunks paced by measured times).
-    assert second["drafted"] > 0 and second["accepted"] > first["accepted"]
+    assert second["accepted"] > first["accepted"]
+    assert second["accepted"] >= answers[1].usage.completion_tokens // 2  # most of it drafted
 
 
 def test_the_draft_model_is_loaded_at_start_before_any_request(live_verifier):
