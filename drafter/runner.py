@@ -35,8 +35,6 @@ from server.shared.info import InfoResponse
 from server.shared.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
 from server.shared.runtime import LlamaError, LlamaVocab
 
-# The drafter's cache holds the committed tokens plus up to 2k + 1 unverified drafts.
-DRAFTER_CTX_MARGIN = 256
 # What `auto` drafts with a seed (a fixed length, so that the run repeats).
 SEEDED_DRAFT_N = 4
 
@@ -64,6 +62,13 @@ def connect(
     )
 
 
+def draft_context(info: InfoResponse) -> int:
+    """The draft cache's room: the committed tokens plus up to 2k + 1 unverified drafts,
+    and no more, so that a draft model trained for the verifier's context is not asked
+    for positions past it (llama.cpp warns of an overflow there)."""
+    return info.n_ctx + 2 * info.max_draft + 1
+
+
 def load_checked_drafter(
     client: VerifierClient, settings: DrafterSettings, n_seq: int = 1, translate: bool | None = None
 ) -> tuple[DraftModel, InfoResponse, str]:
@@ -78,7 +83,7 @@ def load_checked_drafter(
         )
     model = DraftModel(
         settings.model,
-        n_ctx=info.n_ctx + DRAFTER_CTX_MARGIN,
+        n_ctx=draft_context(info),
         n_seq=n_seq,
         n_gpu_layers=settings.n_gpu_layers,
         n_threads=settings.threads,
