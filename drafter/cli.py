@@ -20,8 +20,9 @@ from rich.markup import escape
 from drafter.errors import DrafterError
 from drafter.loop import prefer_quick_handoffs
 from drafter.output import JsonRenderer, TextRenderer
+from drafter.principals import serve_history_scope
 from drafter.runner import run
-from drafter.settings import DrafterKind, DrafterSettings, OutputFormat
+from drafter.settings import DrafterKind, DrafterSettings, HistoryScope, OutputFormat
 from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import Strategy
 
@@ -78,6 +79,8 @@ PortOpt = Annotated[int | None, _flag("port")]
 ParallelOpt = Annotated[int | None, _flag("parallel")]
 QueueOpt = Annotated[int | None, _flag("queue")]
 ServeApiKeyOpt = Annotated[str | None, _flag("serve_api_key")]
+ServeApiKeyFileOpt = Annotated[Path | None, _flag("serve_api_key_file")]
+HistoryScopeOpt = Annotated[HistoryScope | None, _flag("history_scope")]
 MaxOutputTokensOpt = Annotated[int | None, _flag("max_output_tokens")]
 CorsOriginOpt = Annotated[list[str] | None, _flag("cors_origins", "--cors-origin")]
 
@@ -177,6 +180,7 @@ def serve(
     drafter: DrafterOpt = None,
     history_file: HistoryFileOpt = None,
     history_tokens: HistoryTokensOpt = None,
+    history_scope: HistoryScopeOpt = None,
     pipeline: PipelineOpt = None,
     branches: BranchesOpt = None,
     p_min: PMinOpt = None,
@@ -192,11 +196,16 @@ def serve(
     queue: QueueOpt = None,
     max_output_tokens: MaxOutputTokensOpt = None,
     serve_api_key: ServeApiKeyOpt = None,
+    serve_api_key_file: ServeApiKeyFileOpt = None,
     cors_origins: CorsOriginOpt = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) locally,
     each request decoded speculatively against --server."""
     settings = settings_from(ctx.params)
+    try:  # keys and history scope: a contradiction is told before anything starts
+        serve_history_scope(settings)
+    except ValueError as exc:
+        raise fail(DrafterError(str(exc))) from None
     try:
         from drafter.serve.app import serve as run_server
     except ImportError as exc:

@@ -40,6 +40,15 @@ MODEL_WITH_LOOKUP = frozenset(
 WITH_HISTORY = frozenset({DrafterKind.suffix, DrafterKind.model_suffix, DrafterKind.model_history})
 
 
+class HistoryScope(StrEnum):
+    """Whose earlier requests a `serve` request may be drafted from (drafter/principals.py)."""
+
+    auto = "auto"
+    user = "user"
+    key = "key"
+    none = "none"
+
+
 class OutputFormat(StrEnum):
     text = "text"
     json = "json"
@@ -147,6 +156,17 @@ class DrafterSettings(BaseSettings):
         description="With a drafter of the user's history: the most tokens of it kept, the "
         "oldest generations dropped first.",
     )
+    # A history draft says, in its acceptance and its speed, that the history holds the
+    # text drafted: whoever shares a history can learn the others' texts by guessing.
+    history_scope: HistoryScope = Field(
+        HistoryScope.auto,
+        description="`serve`: whose earlier requests a request is drafted from (the CLI "
+        "keeps its own history). auto: user where `serve` listens on loopback with no "
+        "client key and no CORS origin '*', else none; user: one history for every request "
+        "(every client can learn every other's texts from how much of its answers was "
+        "drafted and how fast they came); key: one history per client key (every client "
+        "of one key can learn the others' texts so); none: no history across requests.",
+    )
     pipeline: bool | None = Field(
         None,
         description="Draft the next round while this one is out, for its likeliest "
@@ -221,8 +241,14 @@ class DrafterSettings(BaseSettings):
     serve_api_key: str | None = Field(
         None,
         description="The key `serve`'s clients must send (Authorization: Bearer KEY, the "
-        "OpenAI client's api_key), else 401; none: anyone who reaches its port may use it. "
-        "Not the verifier's key (--api-key).",
+        "OpenAI client's api_key), else 401, or several separated by commas (one for each "
+        "person: with --history-scope key each has a history of its own); none: anyone "
+        "who reaches its port may use it. Not the verifier's key (--api-key).",
+    )
+    serve_api_key_file: Path | None = Field(
+        None,
+        description="A file of keys for `serve`'s clients, one a line ('#' begins a "
+        "comment line), beside --serve-api-key's.",
     )
     cors_origins: list[str] = Field(
         [],

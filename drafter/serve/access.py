@@ -1,12 +1,15 @@
-"""Who may call `serve`: its own API key (`--serve-api-key`, not the verifier's), checked
-before a body is read, and the browser origins allowed to call it (CORS, Starlette's
-middleware). /health stays open, for load balancers and probes."""
+"""Who may call `serve`: its own API keys (`--serve-api-key`, `--serve-api-key-file`, not
+the verifier's), checked before a body is read, and the browser origins allowed to call it
+(CORS, Starlette's middleware). /health stays open, for load balancers and probes. The
+identity of the key a request presented (never the key) goes with the request: whose
+history it may be drafted from (drafter/principals.py)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from drafter.principals import PRINCIPAL, client_keys
 from drafter.serve.errors import send_openai_error
 from drafter.settings import DrafterSettings
 from server.shared.api_keys import ApiKeys, presented_key
@@ -25,7 +28,8 @@ class ClientKeyGuard:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         presented = presented_key(scope["headers"])
-        if self.keys.identify(presented) is None:
+        identity = self.keys.identify(presented)
+        if identity is None:
             message = (
                 "no API key given: send Authorization: Bearer KEY (the OpenAI client's "
                 "api_key) with the key `serve` was started with"
@@ -34,13 +38,15 @@ class ClientKeyGuard:
             )
             headers = [(b"www-authenticate", b"Bearer")]
             return await send_openai_error(scope, send, 401, "invalid_api_key", message, headers)
+        scope[PRINCIPAL] = identity
         return await self.app(scope, receive, send)
 
 
 def add_access(app: FastAPI, settings: DrafterSettings) -> None:
     """The key guard, then CORS outside it (added last: Starlette runs it first)."""
-    if settings.serve_api_key:
-        app.add_middleware(ClientKeyGuard, keys=ApiKeys([settings.serve_api_key]))
+    keys = client_keys(settings)
+    if keys.enabled:
+        app.add_middleware(ClientKeyGuard, keys=keys)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 from drafter.model import DraftModel
 from drafter.model import where as draft_where
+from drafter.principals import Histories, serve_history_scope
 from drafter.runner import (
     connect,
     load_checked_drafter,
     load_verifier_vocab,
     speculative_loop,
-    user_history,
     verifier_where,
 )
 from drafter.serve.errors import PromptTooLong
@@ -72,6 +72,7 @@ class Generation:
     emit: Emit  # text, with the logprobs of the tokens it begins
     cancel: threading.Event = field(default_factory=threading.Event)
     stream: bool = False  # the client reads the text as it comes
+    principal: str | None = None  # whose key it came with ("key-N"); None: no client keys
 
     @property
     def watched(self) -> bool:
@@ -84,8 +85,9 @@ class Generation:
 class SpeculativeBackend:
     def __init__(self, settings: DrafterSettings):
         self.settings = settings
-        # The suffix drafter's history: this process's requests, all under its one key.
-        self.history = user_history(settings)
+        # The suffix drafter's histories: each principal's own (drafter/principals.py).
+        self.histories = Histories(settings, serve_history_scope(settings))
+        log.info("drafting from history: %s", self.histories.describe())
         self.pool: SlotPool | None = None
         self.info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
@@ -253,7 +255,7 @@ class SpeculativeBackend:
         slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(
             model, slot.client, self.info, settings, self.target, generation.watched,
-            self.history, slot.length_memory,
+            self.histories.of(generation.principal), slot.length_memory,
         )  # fmt: skip
         if model.decodes_alone:
             model.reset()

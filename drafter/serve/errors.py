@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from drafter.errors import DrafterError, VerifierRejected, VerifierUnavailable, VocabularyMismatch
 from drafter.serve.slots import QueueFull
-from server.shared.request_body import NESTED_TOO_DEEP, nested_too_deep
+from server.shared.request_body import NESTED_TOO_DEEP, UnreadableText, nested_too_deep
 
 log = logging.getLogger("drafter.serve")
 
@@ -182,8 +182,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body its reader (read_json) refused with a bare 400.
         if nested_too_deep(exc):
             error = invalid_request(NESTED_TOO_DEEP, code="invalid_json")
+        elif isinstance(unreadable := exc.__cause__, UnreadableText):
+            error = invalid_request(str(unreadable), param=unreadable.where, code="invalid_json")
         elif exc.status_code == 404:
             error = OpenAIError(
                 404, f"no route {request.url.path}", "invalid_request_error", "not_found"

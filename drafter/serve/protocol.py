@@ -15,7 +15,6 @@ from itertools import accumulate
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -49,16 +48,9 @@ MAX_ARGUMENTS_DEPTH = 64
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
-def _no_lone_surrogates(text: str) -> str:
-    """JSON can carry "\\ud800"; no tokenizer can encode it: refused as input."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"not valid Unicode text (a lone surrogate at {exc.start})") from None
-    return text
-
-
-Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS), AfterValidator(_no_lone_surrogates)]
+# Lone surrogates ("\ud800", which JSON can carry) are refused where any body is read,
+# in any field (server/shared/request_body.py: read_json).
+Text = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 
 
 class StreamOptions(BaseModel):

@@ -17,6 +17,7 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from drafter.principals import PRINCIPAL
 from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.edge_request import EdgeRequest
 from drafter.serve.errors import as_openai_error, invalid_request
@@ -134,9 +135,12 @@ async def answer(
         for nth in range(request.n)
     ]
     gone = asyncio.create_task(until_disconnected(http))
+    principal = http.scope.get(PRINCIPAL)  # the key guard's (drafter/serve/access.py)
 
     async def begin(choice: Choice) -> Started | None:
-        return await begin_choice(backend, pool, request, choice, max_tokens, gone, grammar)
+        return await begin_choice(
+            backend, pool, request, choice, max_tokens, gone, grammar, principal
+        )
 
     try:
         started = await begin(choices[0])
@@ -200,10 +204,11 @@ async def begin_choice(
     max_tokens: int,
     gone: asyncio.Task,
     grammar: Grammar | None = None,
+    principal: str | None = None,
 ) -> Started | None:
     """The choice admitted (QueueFull at once if the queue is full), given a slot, and
-    started; None if the client leaves while it waits."""
-    pool.admit()
+    started; None if the client leaves while it waits. `principal`: whose key it came
+    with, whose history it may be drafted from."""
     events: asyncio.Queue = asyncio.Queue()  # (text, logprobs) pairs, then _DONE
     loop = asyncio.get_running_loop()
     prompt = choice.prompted.verifier_input.model_dump(exclude_none=True)
@@ -219,9 +224,10 @@ async def begin_choice(
         stop=request.stop_list(),
         emit=lambda text, spelled: loop.call_soon_threadsafe(events.put_nowait, (text, spelled)),
         stream=bool(request.stream),
+        principal=principal,
     )
     gone.add_done_callback(lambda _: generation.cancel.set())
-    slot = await first_unless_gone(pool.acquire(generation.prompt_ids), gone, pool.release)
+    slot = await first_unless_gone(pool.admit(generation.prompt_ids), gone, pool.release)
     if slot is None:
         return None
     running = backend.start(slot, generation)  # from here the slot is its

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from drafter.serve.backend import SpeculativeBackend
 from drafter.serve.messages_api import CountTokensRequest, MessagesRequest
@@ -18,15 +20,35 @@ from drafter.serve.responses import ChatCompletion, Completion, ModelCard, Model
 from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
 from drafter.serve.shapes import Reply
+from server.shared.request_body import read_json
 
 
 async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thread hop
     return request.app.state.backend
 
 
+class _ReadJSON(Request):
+    async def json(self) -> Any:
+        return read_json(await self.body())
+
+
+class JSONRoute(APIRoute):
+    """A route whose JSON body is read by `read_json`: text that is not Unicode (a lone
+    surrogate anywhere in it, in a schema as in a message) is refused, its field named
+    (drafter/serve/errors.py), before any work."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            return await handle(_ReadJSON(request.scope, request.receive))
+
+        return handler
+
+
 BackendDep = Annotated[SpeculativeBackend, Depends(get_backend)]
-health_router = APIRouter()
-router = APIRouter()  # OpenAI's routes, under /v1 and without it
+health_router = APIRouter(route_class=JSONRoute)
+router = APIRouter(route_class=JSONRoute)  # OpenAI's routes, under /v1 and without it
 
 
 @health_router.get("/health")

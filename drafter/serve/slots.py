@@ -4,12 +4,17 @@ and a bounded queue of requests waiting for one.
 A request takes the free slot whose cached tokens share the longest prefix with its
 prompt (llama-server picks a slot the same way): a chat app's next turn lands where its
 conversation is cached, and a title request beside it does not evict it. Event-loop
-only: `acquire` and `release` are called on the server's event loop.
+only: `admit`, `acquire` and `release` are called on the server's event loop.
+
+A request's place is taken when it is admitted, in the same step as the check, with no
+await between them: a burst cannot all pass the check before any of it is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -43,41 +48,68 @@ def best_slot(free: Sequence[GenerationSlot], prompt_ids: Sequence[int]) -> Gene
 class SlotPool:
     def __init__(self, slots: Sequence[GenerationSlot], max_waiting: int):
         self.slots = list(slots)
+        # Free slots only while nobody waits: a slot given back goes to the first waiter.
         self._free = list(slots)
-        self._available = asyncio.Semaphore(len(slots))
+        self._queue: deque[asyncio.Future[GenerationSlot]] = deque()  # the waiting turns
         self.max_waiting = max_waiting
-        self.waiting = 0
         self._uses = 0
 
     @property
     def running(self) -> int:
         return len(self.slots) - len(self._free)
 
-    def admit(self) -> None:
-        """Refuse at once when waiting would overflow the queue (QueueFull)."""
-        if not self._free and self.waiting >= self.max_waiting:
+    @property
+    def waiting(self) -> int:
+        return sum(not turn.done() for turn in self._queue)
+
+    def admit(self, prompt_ids: Sequence[int]) -> asyncio.Future[GenerationSlot]:
+        """The request's turn, taken now: a future that holds its slot, at once where one
+        is free, else once the requests before it have theirs; QueueFull at once where the
+        queue is full. Cancelling the turn leaves the queue; a slot it got goes back with
+        `release`."""
+        turn: asyncio.Future[GenerationSlot] = asyncio.get_running_loop().create_future()
+        if self._free:
+            turn.set_result(self._take(best_slot(self._free, prompt_ids)))
+            return turn
+        if self.waiting >= self.max_waiting:
             raise QueueFull(
                 f"all {self.running} generation slots are busy and {self.waiting} requests "
                 "are waiting; try again shortly"
             )
+        self._queue.append(turn)
+        turn.add_done_callback(self._left)
+        return turn
 
     async def acquire(self, prompt_ids: Sequence[int]) -> GenerationSlot:
-        """Wait (first come, first served) for a slot; cancelling the wait leaves the
-        queue."""
-        self.waiting += 1
+        """Admitted and waited for; cancelling the wait leaves the queue, or gives back the
+        slot it got."""
+        turn = self.admit(prompt_ids)
         try:
-            await self._available.acquire()
-        finally:
-            self.waiting -= 1
-        slot = best_slot(self._free, prompt_ids)
-        self._free.remove(slot)
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release(turn.result())
+            raise
+
+    def release(self, slot: GenerationSlot) -> None:
+        while self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():  # not left
+                turn.set_result(self._take(slot))
+                return
+        self._free.append(slot)
+
+    def _take(self, slot: GenerationSlot) -> GenerationSlot:
+        with contextlib.suppress(ValueError):  # a slot given back straight to a waiter
+            self._free.remove(slot)
         self._uses += 1
         slot.last_used = self._uses
         return slot
 
-    def release(self, slot: GenerationSlot) -> None:
-        self._free.append(slot)
-        self._available.release()
+    def _left(self, turn: asyncio.Future[GenerationSlot]) -> None:
+        if turn.cancelled():
+            with contextlib.suppress(ValueError):  # already taken off by `release`
+                self._queue.remove(turn)
 
     def close(self) -> None:
         for slot in self.slots:

@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -30,8 +31,9 @@ from typing import Any
 import llguidance
 import llguidance.numpy
 import numpy as np
+from llguidance import gbnf_to_lark
 
-from server.shared.grammar_ends import never_ends
+from server.shared.grammar_ends import CheckTimeout, grammar_bounds, never_ends
 from server.shared.json_schemas import held_schema
 
 # Kinds of grammar a request may give, and how each becomes llguidance's.
@@ -61,18 +63,103 @@ class GrammarError(ValueError):
     """A grammar that does not compile, or a token it does not allow where it must."""
 
 
-def compile_grammar(kind: str, source: str | dict[str, Any]) -> str:
+class GrammarOverLimit(GrammarError):
+    """A grammar over a limit of its size or its time: refused, and remembered as refused."""
+
+
+def compile_grammar(kind: str, source: str | dict[str, Any], deadline: float | None = None) -> str:
     """llguidance's grammar for a request's (`json_schema` takes a schema object, held as
-    server/shared/json_schemas.py holds one: objects closed, whitespace bounded)."""
+    server/shared/json_schemas.py holds one: objects closed, whitespace bounded). A Lark or
+    GBNF grammar over a bound of its size is refused before it is read (`grammar_bounds`),
+    and GBNF's conversion to Lark past `deadline` (a `time.perf_counter()`) after it."""
     if kind not in GRAMMAR_KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}: one of {', '.join(GRAMMAR_KINDS)}")
     if kind == "json_schema" and isinstance(schema := _schema(source), dict):
         source = held_schema(schema)
     text = source if isinstance(source, str) else json.dumps(source)
+    if (over := grammar_bounds(kind, text)) is not None:
+        raise GrammarOverLimit(over)
     try:
+        if kind == "gbnf":
+            try:
+                text = lark_of_gbnf(text)
+            except Exception as exc:  # llguidance's own wording for a GBNF it cannot read
+                raise ValueError(
+                    f"Failed to convert the grammar from GBNF to Lark: {exc}"
+                ) from None
+            if deadline is not None and time.perf_counter() > deadline:
+                raise CheckTimeout
+            kind = "lark"
         return llguidance.grammar_from(kind, text)  # type: ignore[arg-type]
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
+
+
+def lark_of_gbnf(text: str) -> str:
+    """llguidance's conversion of a GBNF grammar to Lark (`grammar_from`'s), in time linear
+    in the grammar: llguidance's own finds the rules that are terminals (refer to
+    terminals only) by passes over every rule until none changes, one rule a pass in a
+    chain, and asks whether the text is Lark already with a regular expression that
+    backtracks over every run of blank lines from each of its lines; both hold the GIL."""
+    if _is_lark_syntax(text):
+        return text
+    rules = gbnf_to_lark.GrammarParser().parse(text)
+    _mark_terminal_rules(rules)
+    gbnf_to_lark.resolve(rules)  # its passes find nothing more: one pass
+    res = "%llguidance {}\n\n"
+    prev_nl = True
+    for rule in sorted(rules.values(), key=lambda r: r.order):
+        s = str(rule)
+        if not prev_nl and "\n" in s:
+            res += "\n"
+        res += s + "\n"
+        prev_nl = "\n" in s
+        if prev_nl:
+            res += "\n"
+    return res
+
+
+_LARK_START = re.compile(r"%llguidance\b|start\s*+:")
+
+
+def _is_lark_syntax(text: str) -> bool:
+    """llguidance's `is_lark_syntax` (a line, after any blank ones, that begins with
+    `%llguidance` or `start:`), a line at a time."""
+    at = 0
+    for line in text.split("\n"):
+        begins = at + len(line) - len(line.lstrip())
+        if _LARK_START.match(text, begins):
+            return True
+        at += len(line) + 1
+    return False
+
+
+def _mark_terminal_rules(rules: dict[str, Any]) -> None:
+    """Marks the rules llguidance's conversion makes terminals: all but `root` (which
+    becomes `start`), once every rule each refers to is one. A rule is marked when the
+    last of what it refers to is, so each rule is read once."""
+    waiting: dict[str, set[str]] = {}
+    readers: dict[str, list[str]] = {}
+    for name, rule in rules.items():
+        refs, todo = set(), [rule.alternatives]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, gbnf_to_lark.RuleRefNode):
+                refs.add(node.name)
+            todo += node.children()
+        waiting[name] = refs
+        for ref in refs:
+            readers.setdefault(ref, []).append(name)
+    ready = [name for name, refs in waiting.items() if not refs and name != "root"]
+    while ready:
+        name = ready.pop()
+        rules[name].rule_is_terminal = True
+        for reader in readers.get(name, ()):
+            refs = waiting[reader]
+            if name in refs:
+                refs.discard(name)
+                if not refs and reader != "root":
+                    ready.append(reader)
 
 
 class GrammarTooSlow(GrammarError):

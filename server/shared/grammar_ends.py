@@ -6,45 +6,138 @@ the grammar; the verifier refuses them where it compiles them instead.
 Both checks find the parts of a grammar that can produce a complete text (the productive
 symbols of a context-free grammar), in time linear in its size: a part is productive once
 all of what it needs is, or one of its alternatives. They are conservative: a grammar is
-refused only when proven empty, and a syntax the check does not read (llguidance's own
-extensions to Lark, a `$ref` outside the schema) passes to llguidance as it is."""
+refused only when proven empty; a part the check does not read (a rule in llguidance's own
+extensions to Lark, a `$ref` to another document) counts as productive, so a grammar
+whose every way to an end goes through one passes to llguidance as it is.
+
+The check is pure Python, run where a grammar is compiled, before llguidance: a grammar's
+size is bounded before it begins (`grammar_bounds`: rules, nesting) and its time while it
+runs (`deadline`, checked as it walks: `CheckTimeout`), so that no grammar under the
+request's size limit holds the grammar thread past the compile limit."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
 
 from lark import Tree
 from lark.grammar import NonTerminal
-from lark.load_grammar import GrammarBuilder
+from lark.load_grammar import GrammarBuilder, _parse_grammar
+
+from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS
 
 NEVER_ENDS = "the grammar can never end: every way through it refers back to itself"
-_HEADER = re.compile(r"\A%llguidance \{[^\n]*\}\s*")  # what llguidance's GBNF conversion adds
+# Bounds on a grammar's text, checked before any of it is read: a rule a line is about what
+# a request's 64K characters hold, and nesting is what Python's stack holds while Lark and
+# llguidance's GBNF conversion read a rule (each recursive, several frames a level).
+MAX_RULES = 4096
+MAX_DEPTH = 64
+_CHECK_EVERY = 1024  # steps between two reads of the clock
 # The empty string, which Lark refuses as a terminal: as productive as any other terminal.
 _EMPTY = re.compile(r'(?<![\\"])""(?!")')
-_IMPORT = re.compile(r"^\s*%import", re.MULTILINE)
+# A line that goes on the statement before it (Lark allows a new line only before `|`),
+# a comment, or the inside of an llguidance block (`%json {`, `%lark {`).
+_GOES_ON = frozenset(" \t\r|/#)]}")
+_RULE_HEAD = re.compile(r"[?!]*(_?[a-z][_a-z0-9]*)")
 
 
-def never_ends(kind: str, grammar: str, schema: Any = None) -> str | None:
+class GrammarTooLarge(ValueError):
+    """A grammar over `MAX_RULES` or `MAX_DEPTH`: refused before it is read."""
+
+
+class CheckTimeout(Exception):
+    """The check ran past its deadline."""
+
+
+def grammar_bounds(kind: str, text: str) -> str | None:
+    """Why a Lark or GBNF grammar's text is over a bound (None: within them). One pass
+    over the text, in time linear in it."""
+    if kind not in ("lark", "gbnf"):
+        return None
+    rules = text.count("::=") if kind == "gbnf" else sum(1 for _ in _statements(text))
+    if rules > MAX_RULES:
+        return f"the grammar has {rules} rules, over the limit of {MAX_RULES}"
+    depth = _depth(text, gbnf=kind == "gbnf")
+    if depth > MAX_DEPTH:
+        return f"the grammar nests {depth} levels deep, over the limit of {MAX_DEPTH}"
+    return None
+
+
+def _depth(text: str, gbnf: bool) -> int:
+    """The deepest nesting of `(` (and Lark's `[`) outside literals, character classes,
+    regular expressions and comments."""
+    closers = {'"': '"', "[": "]"} if gbnf else {'"': '"', "/": "/"}
+    opens, shuts = ("(", ")") if gbnf else ("([", ")]")
+    depth = deepest = i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in closers and not (not gbnf and text.startswith("//", i)):
+            close, i = closers[c], i + 1
+            while i < n and text[i] != close and text[i] != "\n":
+                i += 2 if text[i] == "\\" else 1
+        elif c == "#" or (not gbnf and text.startswith("//", i)):
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        elif c in opens:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in shuts:
+            depth = max(0, depth - 1)
+        i += 1
+    return deepest
+
+
+def _statements(text: str) -> Iterable[str]:
+    """A Lark grammar's statements, each with the lines that go on it."""
+    lines: list[str] = []
+    for line in text.split("\n"):
+        if lines and line and line[0] not in _GOES_ON:
+            yield "\n".join(lines)
+            lines = []
+        lines.append(line)
+    if lines:
+        yield "\n".join(lines)
+
+
+def never_ends(
+    kind: str, grammar: str, schema: Any = None, deadline: float | None = None
+) -> str | None:
     """Why a grammar can never end (None: it can, or the check cannot tell). `grammar` is
     llguidance's grammar text for `lark` and `gbnf`; `schema` the object of a
-    `json_schema`."""
+    `json_schema`. Past `deadline` (a `time.perf_counter()`): `CheckTimeout`."""
+    clock = _Clock(deadline)
     if kind in ("lark", "gbnf"):
-        productive = _lark_productive(_EMPTY.sub('"_"', _HEADER.sub("", grammar)))
+        productive = _lark_productive(_EMPTY.sub('"_"', grammar), clock)
     elif kind == "json_schema":
-        productive = _schema_productive(schema)
+        productive = _schema_productive(schema, clock)
     else:
         return None
     return None if productive is not False else NEVER_ENDS
 
 
+class _Clock:
+    def __init__(self, deadline: float | None):
+        self.deadline, self.steps = deadline, 0
+
+    def tick(self) -> None:
+        self.steps += 1
+        late = self.deadline is not None and self.steps % _CHECK_EVERY == 0
+        if late and time.perf_counter() > self.deadline:
+            raise CheckTimeout
+
+
 class _Gates:
     """An and-or graph: a gate holds once all its children do (`all`) or one (`any`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: _Clock) -> None:
         self.missing: list[int] = []  # children still needed before the gate holds
         self.parents: list[list[int]] = []
+        self.clock = clock
 
     def new(self, kind: str, n_children: int) -> int:
         self.missing.append(n_children if kind == "all" else min(1, n_children) or 1)
@@ -59,6 +152,7 @@ class _Gates:
         held = {g for g, m in enumerate(self.missing) if m == 0}
         queue = list(held)
         while queue:
+            self.clock.tick()
             for parent in self.parents[queue.pop()]:
                 if parent not in held:
                     self.missing[parent] -= 1
@@ -68,26 +162,43 @@ class _Gates:
         return held
 
 
-def _lark_productive(text: str) -> bool | None:
-    """From the rules as Lark parses them, not as it compiles them: compiling multiplies
-    out every optional and alternative (exponential in their nesting)."""
-    if _IMPORT.search(text):
-        return None  # `%import` would read files of the server's: never followed
-    try:
-        builder = GrammarBuilder()
-        builder.load_grammar(text)
-        definitions = builder._definitions
-    except Exception:  # a syntax Lark does not read (or any failure of it): llguidance decides
-        return None
-    rules = {n: d for n, d in definitions.items() if not d.is_term}
-    if "start" not in rules or any(d.params for d in rules.values()):
-        return None  # no start, or templates: not this check's to read
-    gates = _Gates()
+def _lark_productive(text: str, clock: _Clock) -> bool | None:
+    """From the rules as Lark parses them, each statement on its own, not as it compiles
+    them: compiling multiplies out every optional and alternative (exponential in their
+    nesting), and Lark's loading resolves terminals into each other (quadratic in their
+    number; a terminal is productive whatever it is). A statement Lark does not read (an
+    extension of llguidance's) leaves its rule unread: productive, whatever it refers to.
+    `%import`s are never followed (they would read files of the server's): what they
+    name is not defined here, so it is productive too."""
+    builder = GrammarBuilder()
+    definitions: dict[str, Any] = {}  # a rule's tree; None: unread, or defined twice
+    for statement in _statements(text):
+        clock.tick()
+        try:
+            parsed = _parse_grammar(statement, "<?>").children
+        except Exception:  # llguidance's syntax, or nested past Lark's reach: not read
+            head = _RULE_HEAD.match(statement)
+            if head:
+                definitions[head.group(1)] = None
+            continue
+        for stmt in parsed:
+            if stmt.data in ("override", "extend"):
+                stmt = stmt.children[0]
+                if stmt.data == "rule":
+                    definitions[builder._unpack_definition(stmt, None)[0]] = None
+            elif stmt.data == "rule":
+                name, _, tree, params, _ = builder._unpack_definition(stmt, None)
+                unread = params or name in definitions  # a template, or defined again
+                definitions[name] = None if unread else tree
+    rules = {name: tree for name, tree in definitions.items() if tree is not None}
+    if "start" not in rules:
+        return None  # no start, or one the check does not read
+    gates = _Gates(clock)
     always = gates.new("all", 0)
     names = {name: gates.new("any", 1) for name in rules}
     try:
-        for name, definition in rules.items():
-            gates.link(names[name], [_lark_gate(definition.tree, gates, names, always)])
+        for name, tree in rules.items():
+            gates.link(names[name], [_lark_gate(tree, gates, names, always)])
     except RecursionError:
         return None
     return names["start"] in gates.holding()
@@ -96,7 +207,8 @@ def _lark_productive(text: str) -> bool | None:
 def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> int:
     """The gate of a part of a rule: alternatives hold once one does, a sequence once all
     do; `x?`, `x*`, `[x]` and `x ~ 0..n` always hold, `x+` and `x ~ n..m` once x does; a
-    terminal always holds."""
+    terminal, and a rule not read, always hold."""
+    gates.clock.tick()
     if isinstance(tree, NonTerminal):
         return names.get(tree.name, always)
     if not isinstance(tree, Tree):
@@ -118,11 +230,93 @@ def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> 
     return always  # a literal, a terminal, `[x]`, a template's use
 
 
-def _schema_productive(schema: Any) -> bool | None:
-    if not isinstance(schema, dict) or _nested_ids(schema):
-        return None  # a `$id` inside changes what its pointers mean: not this check's to read
-    walk = _SchemaWalk(schema)
+def _schema_productive(schema: Any, clock: _Clock) -> bool | None:
+    if not isinstance(schema, dict):
+        return None
+    walk = _SchemaWalk(schema, clock)
     return walk.root in walk.gates.holding()
+
+
+# Where a schema without an `$id` of its own is held: a base its relative `$id`s and
+# `$ref`s resolve against, as a validator's default one.
+_BASE = "https://schema.invalid/root.json"
+
+
+class _Resources:
+    """A schema's documents (the root, and each object with an `$id`) by their URIs, its
+    anchors, and the base URI of each object in it: what a `$ref` resolves against.
+    Walked through the keywords whose values are schemas (a `$id` in a `const` names
+    nothing), without recursion."""
+
+    def __init__(self, root: dict, clock: _Clock):
+        self.documents: dict[str, Any] = {}
+        self.anchors: dict[tuple[str, str], Any] = {}
+        self.base: dict[int, str] = {}
+        self.twice: set[str] = set()  # URIs given twice: which one a `$ref` means is not ours
+        todo: list[tuple[Any, str]] = [(root, _BASE)]
+        while todo:
+            clock.tick()
+            node, base = todo.pop()
+            if not isinstance(node, dict):
+                continue
+            own = node.get("$id")
+            if isinstance(own, str):
+                uri, fragment = urldefrag(_joined(base, own))
+                if uri:
+                    base = uri
+                    self._document(uri, node)
+                if fragment:  # draft 7's `"$id": "#name"`: an anchor
+                    self.anchors.setdefault((base, fragment), node)
+            elif node is root:
+                self._document(base, node)
+            self.base[id(node)] = base
+            for word in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(word), str):
+                    self.anchors.setdefault((base, node[word]), node)
+            for word, value in node.items():
+                if word in SCHEMA_MAPS and isinstance(value, dict):
+                    todo += [(v, base) for v in value.values()]
+                elif word in SCHEMAS and isinstance(value, list):
+                    todo += [(v, base) for v in value]
+                elif word in SCHEMAS:
+                    todo.append((value, base))
+
+    def _document(self, uri: str, node: dict) -> None:
+        if uri in self.documents and self.documents[uri] is not node:
+            self.twice.add(uri)
+        self.documents[uri] = node
+
+    def resolve(self, ref: Any, base: str) -> tuple[Any, str]:
+        """What a `$ref` found at `base` refers to, and its base: a JSON pointer (its
+        fragment percent-decoded first, as a URI's) or an anchor into one of the schema's
+        documents; True, which holds, for anything else (another document: llguidance
+        resolves or refuses it)."""
+        if not isinstance(ref, str):
+            return True, base
+        uri, fragment = (base, ref[1:]) if ref.startswith("#") else urldefrag(_joined(base, ref))
+        node = self.documents.get(uri)
+        if node is None or uri in self.twice:
+            return True, base
+        fragment = unquote(fragment)
+        if fragment and not fragment.startswith("/"):
+            node = self.anchors.get((uri, fragment), True)
+            return node, self.base.get(id(node), uri)
+        for part in fragment.split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return True, base
+        return node, self.base.get(id(node), uri)
+
+
+def _joined(base: str, ref: str) -> str:
+    try:
+        return urljoin(base, ref)
+    except ValueError:  # not a URI (an unclosed IPv6 host): nothing of the schema's
+        return "invalid:"
 
 
 class _SchemaWalk:
@@ -130,30 +324,34 @@ class _SchemaWalk:
     `anyOf`/`oneOf`, and what its type needs hold. Subschemas are the schema's own objects,
     known by identity (a `$ref` cycle is a cycle of gates)."""
 
-    def __init__(self, schema: dict):
-        self.schema, self.gates, self.seen = schema, _Gates(), {}
+    def __init__(self, schema: dict, clock: _Clock):
+        self.gates, self.seen, self.clock = _Gates(clock), {}, clock
+        self.resources = _Resources(schema, clock)
         self.always, self.never = self.gates.new("all", 0), self.gates.new("any", 0)
-        self.work: list[dict] = []
-        self.root = self.gate(schema)
+        self.work: list[tuple[dict, str]] = []
+        self.root = self.gate(schema, _BASE)
         while self.work:
-            node = self.work.pop()
-            needed = [self.gate(_resolve(schema, node["$ref"]))] if "$ref" in node else []
-            needed += [self.gate(s) for s in _list(node.get("allOf"))]
-            needed += [self.one_of(_list(node.get(k))) for k in ("anyOf", "oneOf")]
-            if (clause := self.typed(node)) is not None:
+            clock.tick()
+            node, base = self.work.pop()
+            needed = []
+            if "$ref" in node:
+                needed.append(self.gate(*self.resources.resolve(node["$ref"], base)))
+            needed += [self.gate(s, base) for s in _list(node.get("allOf"))]
+            needed += [self.one_of(_list(node.get(k)), base) for k in ("anyOf", "oneOf")]
+            if (clause := self.typed(node, base)) is not None:
                 needed.append(clause)
             me = self.seen[id(node)]
             self.gates.missing[me] = len(needed)
             self.gates.link(me, needed)
 
-    def gate(self, node: Any) -> int:
+    def gate(self, node: Any, base: str) -> int:
         if node is False:
             return self.never
         if not isinstance(node, dict):
             return self.always
         if id(node) not in self.seen:
             self.seen[id(node)] = self.gates.new("all", 0)
-            self.work.append(node)
+            self.work.append((node, self.resources.base.get(id(node), base)))
         return self.seen[id(node)]
 
     def combined(self, kind: str, children: list[int]) -> int:
@@ -161,10 +359,10 @@ class _SchemaWalk:
         self.gates.link(combined, children)
         return combined
 
-    def one_of(self, nodes: list) -> int:
-        return self.combined("any", [self.gate(n) for n in nodes]) if nodes else self.always
+    def one_of(self, nodes: list, base: str) -> int:
+        return self.combined("any", [self.gate(n, base) for n in nodes]) if nodes else self.always
 
-    def typed(self, node: dict) -> int | None:
+    def typed(self, node: dict, base: str) -> int | None:
         """What an object or array schema needs (None: a value of another type, a `const`
         or an `enum` completes it)."""
         types = node.get("type")
@@ -175,50 +373,41 @@ class _SchemaWalk:
             return None
         ways = []
         if "object" in types:
-            properties = node.get("properties")
-            properties = properties if isinstance(properties, dict) else {}
-            required = _list(node.get("required"))
-            needs = [properties[n] for n in required if isinstance(n, str) and n in properties]
-            ways.append(self.combined("all", [self.gate(n) for n in needs]))
+            ways.append(self.combined("all", self.object_needs(node, base)))
         if "array" in types:
-            n_items = node.get("minItems", 0)
-            n_items = n_items if isinstance(n_items, int) else 0
+            n_items = _count(node.get("minItems"))
             prefix = _list(node.get("prefixItems"))[:n_items]
-            rest = [node.get("items", True)] if n_items > len(prefix) else []
-            ways.append(self.combined("all", [self.gate(n) for n in prefix + rest]))
+            needs = [self.gate(n, base) for n in prefix]
+            if n_items > len(prefix):
+                needs.append(self.gate(node.get("items", True), base))
+            if "contains" in node and _count(node.get("minContains", 1)):
+                needs.append(self.gate(node["contains"], base))
+            ways.append(self.combined("all", needs))
         return self.combined("any", ways)
+
+    def object_needs(self, node: dict, base: str) -> list[int]:
+        """An object's required keys' values, each the schema its key is held to: its
+        property's, or where it lists none, `additionalProperties`' (or, where patterns may
+        name it, one of theirs: which the key matches is not read); and where
+        `minProperties` asks for more keys than those, one more of any of them."""
+        properties = node.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        patterns = node.get("patternProperties")
+        patterns = list(patterns.values()) if isinstance(patterns, dict) else []
+        other = [self.gate(node.get("additionalProperties", True), base)]
+        if patterns:
+            other = [self.combined("any", [*other, *(self.gate(p, base) for p in patterns)])]
+        required = list(dict.fromkeys(n for n in _list(node.get("required")) if isinstance(n, str)))
+        needs = [self.gate(properties[n], base) if n in properties else other[0] for n in required]
+        if _count(node.get("minProperties")) > len(required):
+            optional = [self.gate(s, base) for n, s in properties.items() if n not in required]
+            needs.append(self.combined("any", [*optional, *other]))
+        return needs
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
-
-
-def _nested_ids(schema: dict) -> bool:
-    """Whether an object below the root has an `$id` (walked without recursion)."""
-    stack: list[Any] = list(schema.values())
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if "$id" in node:
-                return True
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
-
-
-def _resolve(root: dict, ref: Any) -> Any:
-    """A `$ref` that is a JSON pointer into the schema (`#`, `#/...`); True, which holds,
-    for any other (an anchor, another document: llguidance resolves or refuses it)."""
-    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-        return True
-    node: Any = root
-    for part in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return True
-    return node

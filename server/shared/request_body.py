@@ -5,11 +5,16 @@ Pure ASGI (no web framework imported), so the verifier and `serve` share it. A b
 (chunked); one that trickles in slower than `timeout_s` is refused with 408 and the
 connection closed, so a client cannot hold the server with a half-sent body. How an
 error is written is the app's own (each server has its error shape): `reject`.
+
+`read_json` is how both servers read a JSON body once it is in: UTF-8 only, and no
+string in it that UTF-8 cannot encode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +32,80 @@ def nested_too_deep(exc: BaseException) -> bool:
     deeper than the parser recurses: malformed JSON to the client, not some other fault
     (FastAPI answers every parse failure but a syntax error with one bare 400)."""
     return isinstance(exc.__cause__, RecursionError)
+
+
+class UnreadableText(ValueError):
+    """A JSON body whose text is not Unicode: bytes that are not UTF-8, or a string (a key
+    or a value) holding a lone surrogate, which JSON's `\\u` escapes can spell and no UTF-8
+    can carry. Refused where the body is read, before any work: such a string fails
+    wherever it is written out again (a tokenizer, a serializer, a grammar compiler), deep
+    inside the request's work. `path`: where it is (keys and indices), () for the bytes."""
+
+    def __init__(self, message: str, path: tuple[str | int, ...] = ()):
+        super().__init__(message)
+        self.path = path
+
+    @property
+    def where(self) -> str | None:
+        return ".".join(map(_printable, self.path)) or None
+
+
+# The only way a lone surrogate gets into text decoded as UTF-8 (which refuses their
+# bytes): a \u escape. Text without one is not walked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def read_json(body: bytes) -> Any:
+    """A JSON body as both servers read it (RFC 8259's UTF-8, RFC 7493's strings): json's
+    parse of the UTF-8 text, refused (UnreadableText) where a string holds a lone
+    surrogate. json.loads alone would take UTF-16 and UTF-32 too, and a surrogate's bytes.
+    Raises json.JSONDecodeError for what is not JSON, RecursionError for what nests deeper
+    than json's parser recurses."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableText(f"the request body is not UTF-8 (byte {exc.start})") from None
+    value = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        path = unencodable_path(value)
+        if path is not None:
+            where = ".".join(map(_printable, path)) or "the body"
+            raise UnreadableText(
+                f"{where}: not Unicode text (a lone surrogate, which UTF-8 cannot encode)", path
+            )
+    return value
+
+
+def unencodable_path(value: Any) -> tuple[str | int, ...] | None:
+    """Where a parsed JSON value holds a string (a key or a value) that UTF-8 cannot
+    encode, or None. Walked without recursing, since a body may nest as deep as json's
+    parser goes; only containers are kept on the way, each with its parent's link."""
+    if isinstance(value, str):
+        return () if _SURROGATE.search(value) else None
+    if not isinstance(value, (dict, list)):
+        return None
+    todo: list[tuple[Any, Any]] = [(value, None)]  # (container, (parent link, key) or None)
+    while todo:
+        node, link = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if (isinstance(key, str) and _SURROGATE.search(key)) or (
+                isinstance(child, str) and _SURROGATE.search(child)
+            ):
+                path: list[str | int] = [key]
+                while link is not None:
+                    link, parent_key = link
+                    path.append(parent_key)
+                return tuple(reversed(path))
+            if isinstance(child, (dict, list)):
+                todo.append((child, (link, key)))
+    return None
+
+
+def _printable(part: str | int) -> str:
+    """A path's part as a message may carry it: a lone surrogate in a key escaped."""
+    return str(part).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class ClientGone(Exception):

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
-from server.shared.request_body import NESTED_TOO_DEEP, nested_too_deep
+from server.shared.request_body import NESTED_TOO_DEEP, UnreadableText, nested_too_deep
 from server.shared.strict import did_you_mean, fields_at
 from server.verifier.paths import route_path
 
@@ -191,6 +191,18 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+NOT_JSON = "the request body is not valid JSON"
+
+
+def unreadable_body(exc: BaseException) -> tuple[int, str, str]:
+    """(status, type, message) for a body `read_json` refused: what every path answers."""
+    if isinstance(exc, UnreadableText):
+        return 400, "malformed_json", str(exc)
+    if isinstance(exc, RecursionError):
+        return 400, "malformed_json", NESTED_TOO_DEEP
+    return 400, "malformed_json", NOT_JSON
+
+
 # pydantic words some errors one way for a JSON body (the fast path) and another for the
 # Python objects FastAPI validates: one wording, so both paths answer alike.
 SAME_WORDS = {
@@ -212,7 +224,7 @@ def describe_validation(
         # pydantic's own parser (the /verify fast path) stops at a depth of its own.
         if "recursion limit" in str(invalid[0].get("ctx", {}).get("error", "")):
             return 400, "malformed_json", NESTED_TOO_DEEP
-        return 400, "malformed_json", "the request body is not valid JSON"
+        return 400, "malformed_json", NOT_JSON
     unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
     if unknown:
         path = [p for p in unknown[0].get("loc", ()) if p != "body"]
@@ -238,8 +250,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if nested_too_deep(exc):
-            return error_response(400, "malformed_json", NESTED_TOO_DEEP)
+        # FastAPI answers a body its reader (read_json) refused with a bare 400.
+        if nested_too_deep(exc) or isinstance(exc.__cause__, UnreadableText):
+            return error_response(*unreadable_body(exc.__cause__))
         error_type = {404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )

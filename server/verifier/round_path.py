@@ -16,7 +16,14 @@ import logging
 from pydantic import ValidationError
 
 from server.shared.protocol import SESSION_ID_HEADER, VerifyRequest
-from server.verifier.errors import APIError, describe_validation, send_error, send_json
+from server.shared.request_body import read_json
+from server.verifier.errors import (
+    APIError,
+    describe_validation,
+    send_error,
+    send_json,
+    unreadable_body,
+)
 from server.verifier.paths import route_path
 from server.verifier.state import AppState, service_of
 
@@ -36,6 +43,18 @@ def json_body(headers: list[tuple[bytes, bytes]]) -> bool:
                 kind.startswith(b"application/") and kind.endswith(b"+json")
             )
     return True
+
+
+def verify_request(body: bytes) -> VerifyRequest:
+    """The body read by pydantic's own JSON parser, which is quick; where that refuses
+    it, read as the route reads it (`read_json`, then the same validation), so that every
+    body, JSON or not, is answered as the route answers it."""
+    try:
+        return VerifyRequest.model_validate_json(body)
+    except ValidationError as exc:
+        if not any(e.get("type") == "json_invalid" for e in exc.errors()):
+            raise
+    return VerifyRequest.model_validate(read_json(body))
 
 
 class VerifyFastPath:
@@ -65,7 +84,12 @@ class VerifyFastPath:
                 raise ValidationError.from_exception_data(
                     "VerifyRequest", [{"type": "missing", "loc": ("body",), "input": None}]
                 )
-            request = VerifyRequest.model_validate_json(body)
+            request = verify_request(body)
+        except ValidationError as exc:
+            return await send_error(send, *describe_validation(exc.errors(), VerifyRequest))
+        except (ValueError, RecursionError) as exc:  # read_json's refusals
+            return await send_error(send, *unreadable_body(exc))
+        try:
             response = await service_of(state).verify(request, owner, routing)
         except ValidationError as exc:
             return await send_error(send, *describe_validation(exc.errors(), VerifyRequest))

@@ -110,3 +110,51 @@ def test_cors_origins_come_from_a_repeated_flag_or_a_json_variable(monkeypatch):
     result = CliRunner().invoke(app, ["serve", "--port", "1"])
     assert result.exit_code != 0
     assert "DRAFTER_SERVE_API_KEY" in result.output
+
+
+def test_each_of_several_keys_gets_in_under_its_own_identity_never_the_key():
+    from drafter.principals import PRINCIPAL
+    from drafter.serve.access import ClientKeyGuard
+    from server.shared.api_keys import ApiKeys
+
+    seen: list[object] = []
+
+    async def app(scope, receive, send):
+        seen.append(scope.get(PRINCIPAL))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    guarded = TestClient(ClientKeyGuard(app, keys=ApiKeys(["sk-a", "sk-b"])))
+    for key in ("sk-a", "sk-b", "sk-a"):
+        assert (
+            guarded.get("/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 204
+        )
+    assert guarded.get("/v1/models", headers={"x-api-key": "sk-c"}).status_code == 401
+    assert seen == ["key-0", "key-1", "key-0"]
+
+
+def test_serve_takes_keys_comma_separated_and_from_a_file(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("sk-file\n")
+    with client(serve_api_key="sk-a,sk-b", serve_api_key_file=path) as api:
+        for key in ("sk-a", "sk-b", "sk-file"):
+            response = api.post("/v1/chat/completions", headers={"x-api-key": key}, json=CHAT)
+            assert response.status_code == 503, key  # past the guard: no verifier
+        assert api.post("/v1/chat/completions", json=CHAT).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--history-scope", "key"], "needs client keys"),
+        (["--serve-api-key", "sk-a", "--history-file", "h.jsonl"], "--history-scope user"),
+    ],
+)
+def test_serve_refuses_a_history_scope_it_cannot_keep_to_before_it_starts(args, message):
+    from typer.testing import CliRunner
+
+    from drafter.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--port", "1", *args])
+    assert result.exit_code == 1
+    assert message in result.output

@@ -154,30 +154,47 @@ def test_a_misspelled_field_is_a_400_naming_the_field_meant(verifier_model, fast
 
 def test_the_fast_path_and_the_route_answer_every_input_alike(verifier_model):
     """The same bodies, valid and not, to POST /verify answered before routing and by
-    FastAPI's route: the same status and the same body (timings aside)."""
+    FastAPI's route: the same status and the same body (timings aside). Bodies that are
+    not JSON too, and text that is not Unicode: strings holding lone surrogates (in values
+    and keys), bytes that are not UTF-8 (a surrogate's own bytes among them), UTF-16."""
+    import json
+
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
     from tests.server.conftest import verifier_client
 
     sid = "f" * 32
+    texts = st.text(st.sampled_from(["a", "\u00e9", "\ud800", "\udfff", "\U0001f600"]), max_size=5)
     values = st.one_of(
         st.none(),
         st.booleans(),
         st.integers(min_value=-3, max_value=2**32),
         st.floats(allow_nan=False, allow_infinity=False),
-        st.text(max_size=5),
+        texts,
         st.lists(st.integers(min_value=-2, max_value=70000), max_size=20),
     )
-    fields = st.sampled_from(["session_id", "n_past", "draft_tokens", "draft_probs", "n_pastt"])
+    fields = st.sampled_from(
+        ["session_id", "n_past", "draft_tokens", "draft_probs", "n_pastt", "n_\udc00"]
+    )
     bodies = st.one_of(
         st.fixed_dictionaries(
-            {"session_id": st.sampled_from([sid, "nobody", ""]), "n_past": values}
+            {"session_id": st.sampled_from([sid, "nobody", "", "\ud800"]), "n_past": values}
         ),
         st.dictionaries(fields, values, max_size=4),
         st.lists(st.integers(), max_size=2),
         values,
     )
+    # As clients write JSON: ASCII, a lone surrogate as its escape ("\ud800").
+    written = bodies.map(lambda body: json.dumps(body).encode())
+    not_utf8 = st.sampled_from([b"\xff", b"\xed\xa0\x80", b"\xc3", b"\xfe\xff"])
+    raw = st.one_of(
+        written,
+        st.builds(lambda text, bad, at: text[:at] + bad + text[at:], written, not_utf8,
+                  st.integers(0, 40)),
+        written.map(lambda text: text.decode().encode("utf-16")),
+        st.binary(max_size=12),
+    )  # fmt: skip
 
     with (
         verifier_client(verifier_model, verify_fast_path=True) as fast,
@@ -187,23 +204,86 @@ def test_the_fast_path_and_the_route_answer_every_input_alike(verifier_model):
             opened = client.post("/prefill", json={"prompt": PROMPT, "session_id": sid})
             assert opened.status_code == 200, opened.text
 
-        def answer(client, body) -> tuple[int, object]:
-            response = client.post("/verify", json=body)
-            content = response.json()
+        def answer(client, body: bytes) -> tuple[int, object]:
+            response = client.post(
+                "/verify", content=body, headers={"content-type": "application/json"}
+            )
+            content = json.loads(response.content.decode("utf-8"))
             if isinstance(content, dict):
                 content.pop("timings", None)
             return response.status_code, content
 
         @settings(
-            max_examples=80,
+            max_examples=200,
             deadline=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture],
         )
-        @given(bodies)
+        @given(raw)
         def same(body):
-            assert answer(fast, body) == answer(routed, body), body
+            answered = answer(fast, body)
+            assert answered == answer(routed, body), body
+            assert answered[0] < 500, (body, answered)
 
         same()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_text_that_is_not_unicode_is_malformed_json_naming_where_before_any_work(
+    verifier_model, fast_path, monkeypatch
+):
+    """A lone surrogate is valid JSON text that no UTF-8 can carry: in a prompt, a
+    grammar's source (a schema's key or value, a GBNF string), a session id, anywhere,
+    it is 400 malformed_json naming the field, before the prompt is tokenized or the
+    grammar compiled; bytes that are not UTF-8 alike. The same text made whole decodes."""
+    from tests.server.conftest import verifier_client
+    from tests.server.test_api import assert_error
+
+    def schema(source: str) -> bytes:
+        return b'{"prompt": "x", "grammar": {"kind": "json_schema", "source": ' + source.encode()
+
+    refused = [
+        ("/prefill", b'{"prompt": "a lone \\ud800 surrogate"}', "prompt"),
+        ("/prefill", schema('{"type": "string", "enum": ["\\ud800"]}}}'), "grammar.source.enum.0"),
+        ("/prefill", schema('{"properties": {"\\udc00": {}}}}}'),
+         "grammar.source.properties.\\udc00"),
+        ("/prefill", b'{"prompt": "x", "grammar": {"kind": "gbnf", '
+                     b'"source": "root ::= \\"\\ud800\\""}}', "grammar.source"),
+        ("/generate", b'{"prompt": "\\udfff", "max_tokens": 2}', "prompt"),
+        ("/verify", b'{"session_id": "\\ud800", "n_past": 1}', "session_id"),
+        ("/verify", b'{"session_id": "s", "n_past": 1, "\\ud800": 1}', "\\ud800"),
+        ("/prefill", b'{"prompt": "\xff"}', None),
+        ("/prefill", b'{"prompt": "\xed\xa0\x80"}', None),
+        ("/verify", b'{"session_id": "\xff", "n_past": 1}', None),
+    ]  # fmt: skip
+    with verifier_client(verifier_model, verify_fast_path=fast_path) as client:
+        engine = client.app.state.verifier.service.engine
+        tokenized: list[str] = []
+        tokenize = engine.runtime.tokenize
+        monkeypatch.setattr(
+            engine.runtime,
+            "tokenize",
+            lambda text, **kw: tokenized.append(text) or tokenize(text, **kw),
+        )
+        for path, body, field in refused:
+            response = client.post(path, content=body, headers={"content-type": "application/json"})
+            message = assert_error(response, 400, "malformed_json")["message"]
+            if field is None:
+                assert "not UTF-8" in message, (path, body)
+            else:
+                assert message.startswith(f"{field}: ") and "lone surrogate" in message, message
+        assert tokenized == []
+        whole = b'{"prompt": "a pair \\ud83d\\ude00 and \\\\ud800 as text"}'
+        opened = client.post(
+            "/prefill", content=whole, headers={"content-type": "application/json"}
+        )
+        assert opened.status_code == 200, opened.text
+        assert tokenized == ["a pair \U0001f600 and \\ud800 as text"]
+        session = opened.json()
+        step = client.post(
+            "/verify", json={"session_id": session["session_id"], "n_past": session["total_tokens"]}
+        )
+        assert step.status_code == 200, step.text
+        client.delete(f"/sessions/{session['session_id']}")
 
 
 def test_a_prompt_text_that_cannot_fit_is_refused_before_it_is_tokenized(client, monkeypatch):

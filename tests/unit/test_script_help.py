@@ -21,6 +21,7 @@ COMMANDS = [
     ["bench_pairs.py"],
     ["expect.py"],
     ["failover.py"],
+    ["history_probe.py"],
     ["loadtest.py"],
     ["prepare_models.py"],
     ["replicas.py"],

@@ -1,5 +1,7 @@
 """`serve`'s slot pool: the longest cached prefix wins, the queue is bounded and first
-come first served, and a request that leaves the queue leaves no trace."""
+come first served, a burst is counted as it is admitted (never more waiting than the
+queue holds), and a request that leaves the queue leaves no trace. Deterministic: the
+event loop is stepped, never timed."""
 
 from __future__ import annotations
 
@@ -8,8 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from drafter.serve.prompts import Prompted
+from drafter.serve.protocol import CompletionRequest
+from drafter.serve.replies import Choice, Started, begin_choice
 from drafter.serve.slots import GenerationSlot, QueueFull, SlotPool, best_slot
 from server.shared.prefix import common_prefix_len
+from server.shared.protocol import PromptInput
 
 
 def slot(cached: list[int], last_used: int = 0) -> GenerationSlot:
@@ -28,14 +34,13 @@ def test_the_slot_with_the_longest_cached_prefix_wins_and_ties_go_to_the_least_r
 def test_beyond_the_slots_requests_wait_in_a_bounded_queue_in_arrival_order():
     async def scenario():
         pool = SlotPool([slot([])], max_waiting=2)
-        pool.admit()
         held = await pool.acquire([1])
         first = asyncio.create_task(pool.acquire([1]))
         second = asyncio.create_task(pool.acquire([1]))
         await asyncio.sleep(0)
         assert pool.waiting == 2 and pool.running == 1
         with pytest.raises(QueueFull):
-            pool.admit()
+            pool.admit([1])
         pool.release(held)
         assert await first is held and not second.done()
         pool.release(held)
@@ -52,13 +57,111 @@ def test_a_request_that_leaves_the_queue_frees_its_place():
         waiting = asyncio.create_task(pool.acquire([1]))
         await asyncio.sleep(0)
         with pytest.raises(QueueFull):
-            pool.admit()
+            pool.admit([1])
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert pool.waiting == 0
-        pool.admit()  # room again
         pool.release(held)
         assert await pool.acquire([1]) is held  # and the slot was not lost to the leaver
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_is_bounded_as_it_is_admitted_however_many_come_at_once():
+    """Admission takes the place in the step that checks for it: of a burst admitted in
+    one step of the loop, exactly the slots run and the queue's worth wait, the rest are
+    refused; a turn left before the loop runs again frees its place at once."""
+
+    async def scenario():
+        pool = SlotPool([slot([]), slot([])], max_waiting=8)
+        turns, refused = [], 0
+        for _ in range(40):
+            try:
+                turns.append(pool.admit([1]))
+            except QueueFull:
+                refused += 1
+        assert (len(turns), refused) == (10, 30)
+        assert pool.running == 2 and pool.waiting == 8
+        assert sum(turn.done() for turn in turns) == 2
+        turns[-1].cancel()
+        assert pool.waiting == 7
+        turns.append(pool.admit([1]))  # its place, taken again
+        with pytest.raises(QueueFull):
+            pool.admit([1])
+        for turn in turns[:2]:
+            pool.release(turn.result())
+        assert [turn.done() for turn in turns[2:5]] == [True, True, False]
+        await asyncio.sleep(0)  # the cancelled turn's callback: nothing changes
+        assert pool.waiting == 6 and pool.running == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_leaves_with_its_slot_handed_over_gives_it_back():
+    async def scenario():
+        pool = SlotPool([slot([])], max_waiting=1)
+        held = await pool.acquire([1])
+        waiter = asyncio.create_task(pool.acquire([1]))
+        await asyncio.sleep(0)
+        pool.release(held)  # handed to the waiter, which has not run since
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert pool.running == 0 and pool.waiting == 0
+        assert await pool.acquire([1]) is held
+
+    asyncio.run(scenario())
+
+
+class HeldBackend:
+    """Generations that run until the test ends them, each slot given back as the real
+    backend gives it back (drafter/serve/backend.py: start)."""
+
+    def __init__(self, pool: SlotPool):
+        self.pool = pool
+        self.running: list[asyncio.Future] = []
+
+    def start(self, slot: GenerationSlot, _generation) -> asyncio.Future:
+        done = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda _: self.pool.release(slot))
+        self.running.append(done)
+        return done
+
+
+def test_a_burst_of_requests_through_serves_admission_waits_no_more_than_the_queue():
+    """40 requests at once, through the step that admits them (replies.begin_choice),
+    against 2 slots and a queue of 8: 2 start, 8 wait, 30 are refused (429 queue_full);
+    as generations end, the waiters start in the order they came."""
+
+    async def scenario():
+        pool = SlotPool([slot([]), slot([])], max_waiting=8)
+        backend = HeldBackend(pool)
+        request = CompletionRequest(model="any", prompt="hi", max_tokens=4)
+        choice = Choice(0, Prompted(PromptInput(prompt="hi"), [1, 2]), 0)
+        gone = asyncio.get_running_loop().create_future()  # nobody leaves
+
+        async def one() -> Started | None:
+            return await begin_choice(backend, pool, request, choice, 4, gone)
+
+        requests = [asyncio.create_task(one()) for _ in range(40)]
+        while sum(r.done() for r in requests) + pool.waiting < 40:
+            await asyncio.sleep(0)
+        refused = [r for r in requests if r.done() and isinstance(r.exception(), QueueFull)]
+        started = [r for r in requests if r.done() and r.exception() is None]
+        assert (len(started), len(refused), pool.waiting) == (2, 30, 8)
+        queued = [r for r in requests if not r.done()]
+        for n in range(len(queued)):
+            backend.running[n].set_result(None)
+            while not queued[n].done():
+                await asyncio.sleep(0)
+            assert [r.done() for r in queued] == [i <= n for i in range(len(queued))]
+            assert isinstance(queued[n].result(), Started)
+        assert pool.waiting == 0 and pool.running == 2
+        for running in backend.running[len(queued) :]:
+            running.set_result(None)
+        await asyncio.sleep(0)
+        assert pool.running == 0
+        gone.cancel()
 
     asyncio.run(scenario())

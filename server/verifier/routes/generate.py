@@ -4,9 +4,10 @@ from fastapi import APIRouter, Request
 
 from server.shared.protocol import GenerateRequest, GenerateResponse
 from server.verifier.errors import ContextOverflow
+from server.verifier.routes import JSONRoute
 from server.verifier.state import ServiceDep, StateDep, key_id
 
-router = APIRouter(tags=["generate"])
+router = APIRouter(tags=["generate"], route_class=JSONRoute)
 
 
 @router.post("/generate", response_model=GenerateResponse)

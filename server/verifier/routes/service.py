@@ -6,9 +6,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.shared.info import InfoResponse
 from server.shared.protocol import HealthResponse
+from server.verifier.routes import JSONRoute
 from server.verifier.state import ServiceDep, StateDep
 
-router = APIRouter(tags=["service"])
+router = APIRouter(tags=["service"], route_class=JSONRoute)
 
 
 @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})

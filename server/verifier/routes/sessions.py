@@ -9,10 +9,10 @@ from server.shared.protocol import (
     VerifyRequest,
     VerifyResponse,
 )
-from server.verifier.routes import model_json
+from server.verifier.routes import JSONRoute, model_json
 from server.verifier.state import ServiceDep, key_id
 
-router = APIRouter(tags=["sessions"])
+router = APIRouter(tags=["sessions"], route_class=JSONRoute)
 
 
 @router.post("/prefill", response_model=PrefillResponse)

@@ -1,0 +1,105 @@
+"""A history is one principal's: a client of a `serve` that others reach cannot learn
+another's text by guessing it and reading how much of its own answer was drafted.
+
+The attack ("When Speculation Spills Secrets"): A's prompt ends in a PIN; B knows the
+text before it and guesses. The right guess is A's prompt again, and where B's requests
+are drafted from a history that holds A's, A's answer is drafted from it and accepted:
+the guess stands out in B's `speculative` figures. A stop sequence (never met) paces the
+chunks as a watched generation's, as in test_openai_api.py's history test, so that a
+history draft goes where it would. The figures are compared as the attacker compares
+them: the right guess against the wrong ones, with room for the draft model's own."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from scripts.harness.local import LocalServe
+from tests.conftest import TEST_THREADS
+
+KNOWN = (
+    "Front desk memo, confidential. The door code that Dana Whitfield uses for the "
+    "north lab this week is"
+)
+SECRET = "482915"
+WRONG = ["137052", "905418", "482916"]
+MAX_TOKENS = 16
+# A history draft of A's answer is most of it accepted; a chance draft of the model's a
+# few tokens at most on a machine where the model steps aside, and as many for every
+# guess where it does not.
+MARGIN = 4
+
+
+def speculative(serve: LocalServe, key: str, prompt: str) -> dict:
+    response = httpx.post(
+        f"{serve.url}/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json={
+            "model": "any",
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stop": ["<never>"],
+        },
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["speculative"]
+
+
+def guesses(serve: LocalServe, key: str) -> tuple[dict, list[dict]]:
+    """B's figures for the right guess and for the wrong ones."""
+    wrong = [speculative(serve, key, f"{KNOWN} {pin}") for pin in WRONG[:2]]
+    right = speculative(serve, key, f"{KNOWN} {SECRET}")
+    wrong.append(speculative(serve, key, f"{KNOWN} {WRONG[2]}"))
+    return right, wrong
+
+
+def assert_unrecoverable(right: dict, wrong: list[dict]) -> None:
+    """The right guess does not stand out: no history draft of A's answer."""
+    for figure in ("drafted", "accepted"):
+        most = max(w[figure] for w in wrong)
+        assert right[figure] < most + MARGIN, (figure, right, wrong)
+
+
+@pytest.fixture(scope="module")
+def shared_key_serve(live_verifier):
+    """One key for the whole team, on loopback: the red team's setup."""
+    serve = LocalServe(
+        live_verifier.url, "--serve-api-key", "sk-team", threads=TEST_THREADS, timeout=120
+    )
+    yield serve
+    serve.stop()
+
+
+def test_a_shared_key_serve_drafts_no_client_from_anothers_text(shared_key_serve):
+    first = speculative(shared_key_serve, "sk-team", f"{KNOWN} {SECRET}")  # A
+    right, wrong = guesses(shared_key_serve, "sk-team")  # B, the same key
+    assert_unrecoverable(right, wrong)
+    # Nor from its own earlier request: no history across requests at all by default
+    # here. The same prompt a third time drafts as the first did, bar the model's own.
+    again = speculative(shared_key_serve, "sk-team", f"{KNOWN} {SECRET}")
+    assert again["accepted"] < first["accepted"] + MARGIN, (first, again)
+
+
+def test_with_scope_key_each_key_drafts_from_its_own_history_only(live_verifier):
+    serve = LocalServe(
+        live_verifier.url,
+        "--serve-api-key",
+        "sk-dana,sk-mallory",
+        "--history-scope",
+        "key",
+        threads=TEST_THREADS,
+        timeout=120,
+    )
+    try:
+        first = speculative(serve, "sk-dana", f"{KNOWN} {SECRET}")
+        right, wrong = guesses(serve, "sk-mallory")
+        again = speculative(serve, "sk-dana", f"{KNOWN} {SECRET}")
+    finally:
+        serve.stop()
+    assert_unrecoverable(right, wrong)
+    # The same prompt from the key that sent it before drafts its answer from that
+    # key's history: what the other key's right guess did not get.
+    assert again["drafted"] > 0 and again["accepted"] >= first["accepted"] + MARGIN
+    assert again["accepted"] >= right["accepted"] + MARGIN, (again, right)
