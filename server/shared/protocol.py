@@ -305,9 +305,10 @@ class VerifyResponse(ResponseModel):
     draft_verified: int | None = Field(
         None,
         exclude_if=lambda v: v is None,
-        description="where the round's draft was sized (draft_accept): how many of its "
-        "tokens were verified, its first; accepted_prefix_len counts within them (0: none "
-        "verified, and `tokens` are the chunk's)",
+        description="where the round's draft was sized (draft_accept) or cut to share a "
+        "pass with other keys' rounds: how many of its tokens were verified, its first; "
+        "accepted_prefix_len counts within them (0: none verified, and `tokens` are the "
+        "chunk's)",
     )
     logprobs: list[TokenLogprob] | None = Field(
         None,

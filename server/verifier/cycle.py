@@ -181,6 +181,7 @@ class CycleStep:
                 self._decode(self.turns.next(prompts), out, interleaved=prompt_turn)
                 self.prompt_next = False
             else:
+                self._share_fairly(rounds)
                 self._decode(rounds, out)
                 self.prompt_next = bool(prompts)
         except Exception as exc:
@@ -191,6 +192,31 @@ class CycleStep:
                 if id(job) not in answered:
                     out.answer(job, self.fail(job, error))
         return out
+
+    def _share_fairly(self, rounds: Sequence[Job]) -> None:
+        """Where rounds of more than one API key share a step, each client's draft is cut
+        to the draft the verifier advises its session (at least one token): the pass is as
+        wide as its widest round, and one key's long drafts would otherwise make every
+        other key's round wait for rows it never asked for. Alone, a key's drafts cost
+        only itself; pinned, every session's rows are decoded anyway (`step` does not
+        call this). Not cut: a grammar's rounds (their masks are for the whole draft),
+        the verifier's own copies, a chunk's steps, and any round while the advice is
+        unknown. A cut round says what it verified
+        (`draft_verified`); a prefix of a draft is judged as the whole is."""
+        works = [job.work for job in rounds if isinstance(job.work, VerifyWork)]
+        if len({work.session.owner for work in works}) < 2:
+            return
+        engine = self.engine
+        for work in works:
+            session = work.session
+            if work.copied or not work.advise or session.constraint is not None:
+                continue
+            advised = engine.advisor.advise(
+                session.acceptance, engine.max_draft, session.last_draft, session.owner
+            )
+            keep = len(work.draft_tokens) if advised is None else max(advised, 1)
+            if len(work.draft_tokens) > keep:
+                work.cut(keep)
 
     def fail(self, job: Job, error: Exception) -> Any:
         """Undo a job that will not be finished; what to answer it: `error`, or for a

@@ -53,6 +53,15 @@ class VerifyWork:
     copied: Copy | None = None  # its draft is the verifier's own copy, no client's
     advise: bool = True  # its answer carries advice (a chunk's steps do not: the chunk's does)
     lookup: bool = False  # its draft is a client's lookup (draft_kind): not a draft model's
+    verified: int | None = None  # where the draft was cut to share a pass: what it kept
+
+    def cut(self, keep: int) -> None:
+        """Verify only the draft's first `keep` tokens (a prefix of a draft is judged as
+        the whole is: the answer is the verifier's either way)."""
+        self.draft_tokens = self.draft_tokens[:keep]
+        if self.draft_probs is not None:
+            self.draft_probs = self.draft_probs[:keep]
+        self.verified = keep
 
     @property
     def tokens(self) -> list[int]:

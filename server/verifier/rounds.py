@@ -97,6 +97,7 @@ def finish_round(
             ),
             advised_draft=advised,
             pass_sessions=pass_sessions,
+            draft_verified=work.verified,
             logprobs=(
                 None
                 if session.logprobs is None
