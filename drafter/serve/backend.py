@@ -29,6 +29,7 @@ from drafter.runner import (
 )
 from drafter.serve.errors import PromptTooLong
 from drafter.serve.prompts import TextSide
+from drafter.serve.render_gate import RenderGate
 from drafter.serve.responses import SpeculativeFigures
 from drafter.serve.slots import GenerationSlot, SlotPool
 from drafter.serve.text_out import Emit, TextOut
@@ -95,6 +96,8 @@ class SpeculativeBackend:
         self.target: LlamaVocab | None = None  # the verifier's vocabulary, if not ours
         self._loading = asyncio.Lock()
         self._workers = ThreadPoolExecutor(settings.parallel, thread_name_prefix="generation")
+        self.render_gate = RenderGate(settings.parallel, settings.queue)
+        self.max_prompt_chars = 0  # the most text the verifier's context can hold: at load
         self._running: set[threading.Event] = set()
 
     async def ready(self) -> SlotPool:
@@ -167,6 +170,10 @@ class SpeculativeBackend:
             verifier_where(self.info),
             parallel,
         )
+        # No text longer than this fits: every token stands for at most its longest piece.
+        vocab = self.target or first.runtime
+        longest = max((len(piece) for piece in vocab.vocab_pieces()), default=1)
+        self.max_prompt_chars = self.info.n_ctx * max(1, longest)
         slots = [GenerationSlot(m, c) for m, c in zip(models, clients, strict=True)]
         return SlotPool(slots, self.settings.queue)
 
@@ -180,8 +187,8 @@ class SpeculativeBackend:
             def token_bytes(token: int) -> bytes:  # an id past the vocabulary: no text
                 return target.token_bytes(token) if 0 <= token < target.n_vocab else b""
 
-            return TextSide(target, token_bytes, self.info.model)
-        return TextSide(model.runtime, model.token_bytes, self.info.model)
+            return TextSide(target, token_bytes, self.info.model, self.max_prompt_chars)
+        return TextSide(model.runtime, model.token_bytes, self.info.model, self.max_prompt_chars)
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """A prompt the verifier's context cannot hold is refused before it takes a slot."""
@@ -223,6 +230,7 @@ class SpeculativeBackend:
         for cancel in list(self._running):
             cancel.set()
         self._workers.shutdown(wait=True)
+        self.render_gate.close()
         if self.pool is not None:
             self.pool.close()
             self.pool.slots[0].model.close()

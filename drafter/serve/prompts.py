@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drafter.serve.errors import invalid_request
+from drafter.serve.errors import PromptTooLong, invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
 from drafter.serve.tools import tools_message
 from server.shared.protocol import PromptInput
@@ -30,6 +30,17 @@ class TextSide:
     vocab: LlamaVocab
     token_bytes: Callable[[int], bytes]
     name: str
+    # The most text the verifier's context can hold (0: no bound): a longer prompt is
+    # refused before it is tokenized, which is where a huge one would cost.
+    max_chars: int = 0
+
+    def check_length(self, chars: int) -> None:
+        if self.max_chars and chars > self.max_chars:
+            raise PromptTooLong(
+                f"the prompt is {chars} characters, more than the verifier's context can "
+                f"hold ({self.max_chars} characters at most: no token is longer than "
+                "its vocabulary's longest piece)"
+            )
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ def completion_prompts(side: TextSide, request: CompletionRequest, n_vocab: int)
 
 
 def _text(side: TextSide, text: str, add_bos: bool) -> Prompted:
+    side.check_length(len(text))
     ids = side.vocab.tokenize(text, add_special=add_bos)
     return Prompted(PromptInput(prompt=text, add_bos=add_bos), ids)
 
@@ -103,6 +115,7 @@ def _fill_in_the_middle(side: TextSide, prefix: str | list[int], suffix: str) ->
             code="unsupported_parameter",
         )
     pre, suf, mid = fim
+    side.check_length((len(prefix) if isinstance(prefix, str) else 0) + len(suffix))
     runtime = side.vocab
     before = prefix if isinstance(prefix, list) else runtime.tokenize(prefix, add_special=False)
     after = runtime.tokenize(suffix, add_special=False)

@@ -122,7 +122,10 @@ async def answer(
     """The request's response: each choice admitted, given a slot and generated, one after
     another; returned whole, or streamed, in the shapes of the API `writer` writes."""
     check_fields(request)
-    grammar = request_grammar(request)
+    try:  # a grammar of many tools' schemas takes a while to write: off the event loop
+        grammar = await backend.render_gate.run(request_grammar, request)
+    except Exception as exc:
+        raise as_openai_error(exc) from exc
     pool, prompts = await rendered(backend, render)
     try:
         for prompted in prompts:
@@ -188,10 +191,11 @@ async def count_prompt_tokens(backend: SpeculativeBackend, render: Render) -> in
 
 async def rendered(backend: SpeculativeBackend, render: Render) -> tuple[SlotPool, list[Prompted]]:
     """The slots, once the draft model is loaded, and the request's prompts rendered in
-    its vocabulary (off the event loop: a long prompt takes a while to tokenize)."""
+    its vocabulary (through the render gate: a long prompt takes a while to tokenize)."""
     try:
         pool = await backend.ready()
-        return pool, await asyncio.to_thread(render, backend.text_side(pool.slots[0].model))
+        side = backend.text_side(pool.slots[0].model)
+        return pool, await backend.render_gate.run(render, side)
     except Exception as exc:
         raise as_openai_error(exc) from exc
 

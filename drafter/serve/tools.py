@@ -26,7 +26,7 @@ from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
 from drafter.serve.responses import CalledFunction, ToolCall
 from server.shared.json_schemas import held_schema
-from server.shared.protocol import Grammar
+from server.shared.protocol import MAX_GRAMMAR_CHARS, Grammar
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 OPENING, CLOSING = OPEN.strip(), CLOSE.strip()
@@ -95,6 +95,14 @@ def tool_grammar(request: ChatCompletionRequest) -> Grammar:
     choice = request.tool_choice
     if isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.function.name == choice.function.name]
+    # Measured before anything is built from them: the grammar holds every schema whole.
+    size = sum(len(json.dumps(t.function.parameters or NO_ARGUMENTS)) for t in tools)
+    if size > MAX_GRAMMAR_CHARS:
+        raise invalid_request(
+            f"tools: their parameters' schemas are {size} characters; a grammar of calls "
+            f"holds at most {MAX_GRAMMAR_CHARS}",
+            param="tools",
+        )
     calls = {"anyOf": [_call_schema(tool, f"/anyOf/{i}") for i, tool in enumerate(tools)]}
     # Held as a `json_schema` grammar's schema is (server/shared/json_schemas.py): a tool's
     # parameters are as closed, and as bounded in whitespace, as a response format's.

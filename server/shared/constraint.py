@@ -20,7 +20,6 @@ import ctypes
 import ctypes.util
 import hashlib
 import json
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -31,9 +30,9 @@ from typing import Any
 import llguidance
 import llguidance.numpy
 import numpy as np
-from llguidance import gbnf_to_lark
 
-from server.shared.grammar_ends import CheckTimeout, grammar_bounds, never_ends
+from server.shared.grammar_ends import never_ends
+from server.shared.grammar_text import CheckTimeout, grammar_bounds, lark_of_gbnf
 from server.shared.json_schemas import held_schema
 
 # Kinds of grammar a request may give, and how each becomes llguidance's.
@@ -64,14 +63,13 @@ class GrammarError(ValueError):
 
 
 class GrammarOverLimit(GrammarError):
-    """A grammar over a limit of its size or its time: refused, and remembered as refused."""
+    """A grammar over a limit of its size: refused, and remembered as refused."""
 
 
 def compile_grammar(kind: str, source: str | dict[str, Any], deadline: float | None = None) -> str:
     """llguidance's grammar for a request's (`json_schema` takes a schema object, held as
-    server/shared/json_schemas.py holds one: objects closed, whitespace bounded). A Lark or
-    GBNF grammar over a bound of its size is refused before it is read (`grammar_bounds`),
-    and GBNF's conversion to Lark past `deadline` (a `time.perf_counter()`) after it."""
+    server/shared/json_schemas.py holds one: objects closed, whitespace bounded); a Lark or
+    GBNF grammar over a bound of its size refused unread, GBNF's past `deadline` too."""
     if kind not in GRAMMAR_KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}: one of {', '.join(GRAMMAR_KINDS)}")
     if kind == "json_schema" and isinstance(schema := _schema(source), dict):
@@ -80,86 +78,11 @@ def compile_grammar(kind: str, source: str | dict[str, Any], deadline: float | N
     if (over := grammar_bounds(kind, text)) is not None:
         raise GrammarOverLimit(over)
     try:
-        if kind == "gbnf":
-            try:
-                text = lark_of_gbnf(text)
-            except Exception as exc:  # llguidance's own wording for a GBNF it cannot read
-                raise ValueError(
-                    f"Failed to convert the grammar from GBNF to Lark: {exc}"
-                ) from None
-            if deadline is not None and time.perf_counter() > deadline:
-                raise CheckTimeout
-            kind = "lark"
+        if kind == "gbnf":  # llguidance's own conversion is quadratic in its chains
+            kind, text = "lark", lark_of_gbnf(text, deadline)
         return llguidance.grammar_from(kind, text)  # type: ignore[arg-type]
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
-
-
-def lark_of_gbnf(text: str) -> str:
-    """llguidance's conversion of a GBNF grammar to Lark (`grammar_from`'s), in time linear
-    in the grammar: llguidance's own finds the rules that are terminals (refer to
-    terminals only) by passes over every rule until none changes, one rule a pass in a
-    chain, and asks whether the text is Lark already with a regular expression that
-    backtracks over every run of blank lines from each of its lines; both hold the GIL."""
-    if _is_lark_syntax(text):
-        return text
-    rules = gbnf_to_lark.GrammarParser().parse(text)
-    _mark_terminal_rules(rules)
-    gbnf_to_lark.resolve(rules)  # its passes find nothing more: one pass
-    res = "%llguidance {}\n\n"
-    prev_nl = True
-    for rule in sorted(rules.values(), key=lambda r: r.order):
-        s = str(rule)
-        if not prev_nl and "\n" in s:
-            res += "\n"
-        res += s + "\n"
-        prev_nl = "\n" in s
-        if prev_nl:
-            res += "\n"
-    return res
-
-
-_LARK_START = re.compile(r"%llguidance\b|start\s*+:")
-
-
-def _is_lark_syntax(text: str) -> bool:
-    """llguidance's `is_lark_syntax` (a line, after any blank ones, that begins with
-    `%llguidance` or `start:`), a line at a time."""
-    at = 0
-    for line in text.split("\n"):
-        begins = at + len(line) - len(line.lstrip())
-        if _LARK_START.match(text, begins):
-            return True
-        at += len(line) + 1
-    return False
-
-
-def _mark_terminal_rules(rules: dict[str, Any]) -> None:
-    """Marks the rules llguidance's conversion makes terminals: all but `root` (which
-    becomes `start`), once every rule each refers to is one. A rule is marked when the
-    last of what it refers to is, so each rule is read once."""
-    waiting: dict[str, set[str]] = {}
-    readers: dict[str, list[str]] = {}
-    for name, rule in rules.items():
-        refs, todo = set(), [rule.alternatives]
-        while todo:
-            node = todo.pop()
-            if isinstance(node, gbnf_to_lark.RuleRefNode):
-                refs.add(node.name)
-            todo += node.children()
-        waiting[name] = refs
-        for ref in refs:
-            readers.setdefault(ref, []).append(name)
-    ready = [name for name, refs in waiting.items() if not refs and name != "root"]
-    while ready:
-        name = ready.pop()
-        rules[name].rule_is_terminal = True
-        for reader in readers.get(name, ()):
-            refs = waiting[reader]
-            if name in refs:
-                refs.discard(name)
-                if not refs and reader != "root":
-                    ready.append(reader)
 
 
 class GrammarTooSlow(GrammarError):
@@ -380,11 +303,13 @@ class Grammars:
         """(the compiled grammar, None, False); or (None, why not, whether over a limit)."""
         limits = self.limits
         before, began = allocated_bytes(), time.perf_counter()
+        # What reads a grammar in Python holds the grammar thread: it stops at the limit.
+        deadline = began + limits.compile_s if limits.compile_s else None
         try:
-            grammar = compile_grammar(kind, source)
+            grammar = compile_grammar(kind, source, deadline)
             # The schema as it was compiled: closing objects changes what can end.
             schema = held_schema(_schema(source)) if kind == "json_schema" else None
-            if (reason := never_ends(kind, grammar, schema)) is not None:
+            if (reason := never_ends(kind, grammar, schema, deadline)) is not None:
                 return None, reason, False
             matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=LIMITS)
             if matcher.is_error():
@@ -393,7 +318,9 @@ class Grammars:
             # grammar, and shows a grammar that fails at its first token.
             Constraint(matcher, self.n_vocab, frozenset()).row_masks([])
         except GrammarError as exc:
-            return None, str(exc), False
+            return None, str(exc), isinstance(exc, GrammarOverLimit)
+        except CheckTimeout:
+            pass  # past the compile limit before llguidance began: refused for it below
         seconds, nbytes = time.perf_counter() - began, max(0, allocated_bytes() - before)
         if limits.compile_s and seconds > limits.compile_s:
             return None, (

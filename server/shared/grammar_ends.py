@@ -11,9 +11,9 @@ extensions to Lark, a `$ref` to another document) counts as productive, so a gra
 whose every way to an end goes through one passes to llguidance as it is.
 
 The check is pure Python, run where a grammar is compiled, before llguidance: a grammar's
-size is bounded before it begins (`grammar_bounds`: rules, nesting) and its time while it
-runs (`deadline`, checked as it walks: `CheckTimeout`), so that no grammar under the
-request's size limit holds the grammar thread past the compile limit."""
+size is bounded before it begins (`grammar_bounds`, server/shared/grammar_text.py) and its
+time while it runs (`deadline`, checked as it walks: `CheckTimeout`), so that no grammar
+under the request's size limit holds the grammar thread past the compile limit."""
 
 from __future__ import annotations
 
@@ -27,76 +27,24 @@ from lark import Tree
 from lark.grammar import NonTerminal
 from lark.load_grammar import GrammarBuilder, _parse_grammar
 
+from server.shared.grammar_text import GOES_ON, CheckTimeout
 from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS
 
 NEVER_ENDS = "the grammar can never end: every way through it refers back to itself"
-# Bounds on a grammar's text, checked before any of it is read: a rule a line is about what
-# a request's 64K characters hold, and nesting is what Python's stack holds while Lark and
-# llguidance's GBNF conversion read a rule (each recursive, several frames a level).
-MAX_RULES = 4096
-MAX_DEPTH = 64
 _CHECK_EVERY = 1024  # steps between two reads of the clock
 # The empty string, which Lark refuses as a terminal: as productive as any other terminal.
 _EMPTY = re.compile(r'(?<![\\"])""(?!")')
-# A line that goes on the statement before it (Lark allows a new line only before `|`),
-# a comment, or the inside of an llguidance block (`%json {`, `%lark {`).
-_GOES_ON = frozenset(" \t\r|/#)]}")
 _RULE_HEAD = re.compile(r"[?!]*(_?[a-z][_a-z0-9]*)")
 
 
-class GrammarTooLarge(ValueError):
-    """A grammar over `MAX_RULES` or `MAX_DEPTH`: refused before it is read."""
-
-
-class CheckTimeout(Exception):
-    """The check ran past its deadline."""
-
-
-def grammar_bounds(kind: str, text: str) -> str | None:
-    """Why a Lark or GBNF grammar's text is over a bound (None: within them). One pass
-    over the text, in time linear in it."""
-    if kind not in ("lark", "gbnf"):
-        return None
-    rules = text.count("::=") if kind == "gbnf" else sum(1 for _ in _statements(text))
-    if rules > MAX_RULES:
-        return f"the grammar has {rules} rules, over the limit of {MAX_RULES}"
-    depth = _depth(text, gbnf=kind == "gbnf")
-    if depth > MAX_DEPTH:
-        return f"the grammar nests {depth} levels deep, over the limit of {MAX_DEPTH}"
-    return None
-
-
-def _depth(text: str, gbnf: bool) -> int:
-    """The deepest nesting of `(` (and Lark's `[`) outside literals, character classes,
-    regular expressions and comments."""
-    closers = {'"': '"', "[": "]"} if gbnf else {'"': '"', "/": "/"}
-    opens, shuts = ("(", ")") if gbnf else ("([", ")]")
-    depth = deepest = i = 0
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c in closers and not (not gbnf and text.startswith("//", i)):
-            close, i = closers[c], i + 1
-            while i < n and text[i] != close and text[i] != "\n":
-                i += 2 if text[i] == "\\" else 1
-        elif c == "#" or (not gbnf and text.startswith("//", i)):
-            i = text.find("\n", i)
-            if i < 0:
-                break
-        elif c in opens:
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in shuts:
-            depth = max(0, depth - 1)
-        i += 1
-    return deepest
-
-
 def _statements(text: str) -> Iterable[str]:
-    """A Lark grammar's statements, each with the lines that go on it."""
+    """A Lark grammar's statements, each with the lines that go on it (blank lines left
+    out: Lark reads a run of them as one)."""
     lines: list[str] = []
     for line in text.split("\n"):
-        if lines and line and line[0] not in _GOES_ON:
+        if not line.strip():  # blank: runs of them cost Lark's lexer their length squared
+            continue
+        if lines and line[0] not in GOES_ON:
             yield "\n".join(lines)
             lines = []
         lines.append(line)
@@ -117,6 +65,8 @@ def never_ends(
         productive = _schema_productive(schema, clock)
     else:
         return None
+    if deadline is not None and time.perf_counter() > deadline:
+        raise CheckTimeout
     return None if productive is not False else NEVER_ENDS
 
 

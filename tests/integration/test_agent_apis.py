@@ -461,3 +461,38 @@ def test_codexs_request_with_a_hosted_tool_beside_a_function_is_answered(local_a
     response = httpx.post(url, json=probe, headers=headers, timeout=120)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["output_tokens"] == 1
+
+
+def test_work_is_bounded_before_it_is_done(local_api):
+    """A prompt longer than the verifier's context can hold is refused before it is
+    tokenized, through the count endpoints too; tools whose schemas no grammar of calls
+    holds are refused before the grammar is written. Each a 400 in its API's shape."""
+    base = local_api.url.removesuffix("/v1")
+    part = "word " * 200_000  # 4 messages of 1 MB, each as long as a message may be
+    turns = [{"role": role, "content": part} for role in ("user", "assistant") * 2]
+    counted = httpx.post(
+        f"{base}/v1/messages/count_tokens",
+        json={"model": "any", "messages": turns},
+        timeout=60,
+    )
+    assert counted.status_code == 400
+    assert counted.json()["error"]["type"] == "invalid_request_error"
+    assert "more than the verifier's context can hold" in counted.json()["error"]["message"]
+    counted = httpx.post(
+        f"{local_api.url}/responses/input_tokens",
+        json={"model": "any", "input": turns},
+        timeout=60,
+    )
+    assert (
+        counted.status_code == 400 and counted.json()["error"]["code"] == "context_length_exceeded"
+    )
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(4000)}}
+    tools = [{"type": "function", "name": "wide", "parameters": wide}]
+    refused = httpx.post(
+        f"{local_api.url}/responses",
+        json={"model": "any", "input": "hi", "tools": tools, "tool_choice": "required"},
+        timeout=60,
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "tools"
+    assert "a grammar of calls holds at most" in refused.json()["error"]["message"]

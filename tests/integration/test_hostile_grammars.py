@@ -83,9 +83,9 @@ def counting_compiles(monkeypatch) -> list[str]:
     compiled: list[str] = []
     real = constraint_module.compile_grammar
 
-    def compile_grammar(kind, source):
+    def compile_grammar(kind, source, *rest):
         compiled.append(str(source))
-        return real(kind, source)
+        return real(kind, source, *rest)
 
     monkeypatch.setattr(constraint_module, "compile_grammar", compile_grammar)
     return compiled

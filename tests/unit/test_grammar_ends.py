@@ -1,16 +1,28 @@
 """Grammars that can never end (server/shared/grammar_ends.py), found in their rules: the
 and-or propagation against the plain fixed point (a symbol is productive once one of its
 alternatives has only productive symbols, repeated until nothing changes), over random
-Lark grammars and random JSON schemas; and the cases a client writes."""
+Lark grammars and random JSON schemas; and the cases a client writes. The bounds on a
+grammar's text and GBNF's conversion to Lark (server/shared/grammar_text.py): long
+chains read within a deadline, grammars over a bound refused, the conversion
+llguidance's own."""
 
 from __future__ import annotations
+
+import time
+from typing import Optional, Union
 
 import llguidance
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from llguidance import gbnf_to_lark
+from pydantic import BaseModel
 
+from server.shared import grammar_text
+from server.shared.constraint import compile_grammar
 from server.shared.grammar_ends import NEVER_ENDS, never_ends
+from server.shared.grammar_text import CheckTimeout, _is_lark_syntax, grammar_bounds, lark_of_gbnf
+from server.shared.json_schemas import held_schema
 
 # A random grammar: rules named r0..rn, each a list of alternatives, each a list of
 # symbols: a rule's index, or None for a terminal.
@@ -156,3 +168,177 @@ LINKED = {
 def test_grammars_that_can_end_or_that_the_check_cannot_read_pass(kind, source):
     grammar = source if kind in ("json_schema", "regex") else llguidance.grammar_from(kind, source)
     assert never_ends(kind, grammar, source) is None
+
+
+# Issue 64: schema forms the check once missed (each wrote until the token limit).
+SELF_BY_ADDITIONAL = {"type": "object", "additionalProperties": {"$ref": "#"}, "required": ["a"]}
+SELF_BY_MIN_PROPERTIES = {
+    "type": "object",
+    "additionalProperties": {"$ref": "#"},
+    "minProperties": 1,
+}
+
+
+def loop_at(pointer: str, key: str) -> dict:
+    return {"$defs": {key: {"$ref": pointer}}, "$ref": pointer}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        SELF_BY_ADDITIONAL,
+        SELF_BY_MIN_PROPERTIES,
+        {**SELF_BY_ADDITIONAL, "patternProperties": {"^x": {"$ref": "#"}}},
+        loop_at("#/%24defs/a", "a"),
+        loop_at("#/$defs/a%20b", "a b"),
+        loop_at("#/$defs/a~1b", "a/b"),
+        {  # a nested `$id`: its pointers read against it
+            "type": "object",
+            "required": ["x"],
+            "properties": {
+                "x": {"$id": "inner", "$defs": {"s": {"$ref": "#"}}, "$ref": "#/$defs/s"}
+            },
+        },
+        {  # a `$ref` to a nested document by its `$id`, and to an anchor in it
+            "$defs": {"n": {"$id": "https://example.com/node", "$anchor": "me", "$ref": "#me"}},
+            "$ref": "https://example.com/node",
+        },
+        {"type": "array", "contains": {"$ref": "#"}},
+    ],
+)
+def test_schemas_that_can_never_end_by_every_way_of_naming_themselves(schema):
+    assert never_ends("json_schema", "", schema) == NEVER_ENDS
+
+
+class Tree(BaseModel):
+    value: int
+    children: list[Tree] = []
+    parent: Optional[Tree] = None  # noqa: UP045 (the shape pydantic users write)
+    labels: dict[str, Tree] = {}
+    either: Union[int, str, None] = None  # noqa: UP007
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        Tree.model_json_schema(),
+        held_schema(Tree.model_json_schema()),
+        {"type": "object", "additionalProperties": {"type": "string"}, "required": ["a"]},
+        {"type": "object", "additionalProperties": {"$ref": "#"}, "minProperties": 0},
+        {"type": "object", "properties": {"a": {"type": "null"}}, "minProperties": 1},
+        {"type": "array", "contains": {"type": "string"}, "minContains": 0, "items": {"$ref": "#"}},
+        {"$defs": {"a b": {"type": "string"}}, "$ref": "#/$defs/a%20b"},
+        {  # the same `$id` twice: which one a `$ref` means is llguidance's to say
+            "$defs": {"a": {"$id": "x", "$ref": "x"}, "b": {"$id": "x", "type": "string"}},
+            "$ref": "x",
+        },
+    ],
+)
+def test_everyday_schemas_and_ones_that_end_some_way_pass(schema):
+    assert never_ends("json_schema", "", schema) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'start: "a" start\nunused: %json {"type": "object"}',  # an unread rule, unused
+        'start: x\nx: "a" x\ny[max_tokens=3]: "b"',
+        'start: "a" start\n%ignore " "',
+    ],
+)
+def test_a_lark_rule_the_check_does_not_read_leaves_the_rest_checked(text):
+    assert never_ends("lark", llguidance.grammar_from("lark", text)) == NEVER_ENDS
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'start: x\nx: "a" x | y\ny: %json {"type": "object"}',  # an end through it: unread
+        'start: x\nx[max_tokens=3]: "a" x',
+        'start: "a" start\n// a comment between\n  | "b"',
+        'start: "a" start\n\n\n  | "b"',
+    ],
+)
+def test_an_end_through_a_rule_the_check_does_not_read_passes(text):
+    assert never_ends("lark", llguidance.grammar_from("lark", text)) is None
+
+
+def chained_gbnf(n: int) -> str:
+    lines = [f'r{i} ::= "ab" r{i + 1} | "cd"' for i in range(n)]
+    return "\n".join(["root ::= r0", *lines, f'r{n} ::= "z"'])
+
+
+def chained_lark_terminals(n: int) -> str:
+    lines = [f'T{i}: "ab" T{i + 1} | "cd"' for i in range(n)]
+    return "\n".join(["start: T0", *lines, f'T{n}: "z"'])
+
+
+def test_long_chains_are_read_within_a_deadline_checked_as_the_check_walks():
+    for kind, text in (("gbnf", chained_gbnf(1600)), ("lark", chained_lark_terminals(1800))):
+        assert grammar_bounds(kind, text) is None
+        grammar = compile_grammar(kind, text)
+        assert never_ends(kind, grammar) is None
+        with pytest.raises(CheckTimeout):
+            never_ends(kind, grammar, deadline=time.perf_counter() - 1)
+    schema = {"$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(900)}}
+    schema["$defs"]["d900"] = {"$ref": "#/$defs/d0"}
+    with pytest.raises(CheckTimeout):
+        never_ends("json_schema", "", {**schema, "$ref": "#/$defs/d0"}, time.perf_counter() - 1)
+
+
+@pytest.mark.parametrize(
+    "kind,text,limit",
+    [
+        ("gbnf", chained_gbnf(2100), "MAX_WEIGHT"),
+        ("lark", chained_lark_terminals(2100), "MAX_WEIGHT"),
+        ("lark", "start: " + "(" * 40 + '"a"' + ")" * 40, "MAX_DEPTH"),
+        ("gbnf", "root ::= " + "(" * 40 + '"a"' + ")" * 40, "MAX_DEPTH"),
+        (  # nesting counts toward the weight: llguidance recurses through both
+            "lark",
+            "\n".join(
+                ["start: r0"]
+                + [f"r{i}: " + "(" * 9 + f'"a" r{i + 1} | "b"' + ")" * 9 for i in range(300)]
+            ),
+            "MAX_WEIGHT",
+        ),
+    ],
+)
+def test_grammars_over_a_bound_are_refused_before_they_are_read(kind, text, limit):
+    reason = grammar_bounds(kind, text)
+    assert reason is not None and f"limit of {getattr(grammar_text, limit)}" in reason
+
+
+def test_parentheses_in_literals_and_classes_are_not_nesting():
+    gbnf = "root ::= " + " ".join(['"(("', "[(]", '"\\"("'] * 50) + "  # (((\n"
+    lark = "start: " + " ".join(['"(("', "/[(]/", '"\\"("'] * 50) + "  // (((\n"
+    assert grammar_bounds("gbnf", gbnf) is None and grammar_bounds("lark", lark) is None
+
+
+GBNF_SAMPLES = [
+    'root ::= "a" root | [0-9]+',
+    'root ::= item ("," item)*\nitem ::= [a-z]+ | "(" root ")"\n',
+    'root ::= x\nx ::= y y\ny ::= z | "q"\nz ::= "a"{2,3}\n# a comment\n',
+    'root   ::= object\nobject ::= "{" ws ( string ":" ws value ("," ws string ":" value)* )? "}"\n'
+    'value  ::= object | string | "null"\nstring ::= "\\"" [^"]* "\\""\nws ::= [ \\t\\n]*',
+    'root ::= fooBar-baz\nfooBar-baz ::= "x" root | "y"',
+    chained_gbnf(60),
+]
+
+
+@pytest.mark.parametrize("text", GBNF_SAMPLES)
+def test_the_gbnf_conversion_is_llguidances(text):
+    assert lark_of_gbnf(text) == gbnf_to_lark.gbnf_to_lark(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(RULES)
+def test_the_gbnf_conversion_is_llguidances_for_random_rules(rules):
+    rules = [[[s if s is None or s < len(rules) else None for s in a] for a in r] for r in rules]
+    text = lark_text(rules).replace("start:", "root ::=").replace(": ", " ::= ")
+    assert lark_of_gbnf(text) == gbnf_to_lark.gbnf_to_lark(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["\n", " ", "\t", "start", ":", "%llguidance", "x"])).map("".join))
+def test_whether_a_text_is_lark_is_llguidances_answer(text):
+    assert _is_lark_syntax(text) == gbnf_to_lark.is_lark_syntax(text)
