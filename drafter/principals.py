@@ -42,6 +42,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# A request without a key whose Host header names no loopback address: not this
+# machine's user for sure (a web page that rebinds its own name to 127.0.0.1 reaches a
+# loopback `serve`, and the browser sends the page's name), so no history of theirs.
+FOREIGN = "drafter.foreign"
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, without its port (`[::1]:8080` -> `::1`)."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def request_principal(key_identity: str | None, host_header: str) -> str | None:
+    """Whose request it is: its key's identity, or without a key, this machine's user
+    (None) where the Host header names loopback, else FOREIGN."""
+    if key_identity is not None:
+        return key_identity
+    return None if is_loopback(host_name(host_header)) else FOREIGN
+
+
 def resolve_history_scope(
     scope: HistoryScope, *, host: str, keyed: bool, any_origin: bool
 ) -> HistoryScope:
@@ -107,6 +129,7 @@ class Histories:
 
     def __init__(self, settings: DrafterSettings, scope: HistoryScope):
         self.scope = scope
+        self.from_auto = settings.history_scope is HistoryScope.auto
         self.max_tokens = settings.history_tokens
         kept = scope in (HistoryScope.user, HistoryScope.key)
         self.enabled = settings.drafter in WITH_HISTORY and kept
@@ -121,7 +144,7 @@ class Histories:
         if not self.enabled:
             return None
         if self.scope is HistoryScope.user:
-            return self._shared
+            return None if principal == FOREIGN and self.from_auto else self._shared
         if principal is None:  # no key to tell whose it is: nobody's history
             return None
         with self._lock:

@@ -17,7 +17,7 @@ from fastapi import Request, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from drafter.principals import PRINCIPAL
+from drafter.principals import PRINCIPAL, request_principal
 from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.edge_request import EdgeRequest
 from drafter.serve.errors import as_openai_error, invalid_request
@@ -138,7 +138,8 @@ async def answer(
         for nth in range(request.n)
     ]
     gone = asyncio.create_task(until_disconnected(http))
-    principal = http.scope.get(PRINCIPAL)  # the key guard's (drafter/serve/access.py)
+    # The key guard's (drafter/serve/access.py), or for a keyless request, where it came from.
+    principal = request_principal(http.scope.get(PRINCIPAL), http.headers.get("host", ""))
 
     async def begin(choice: Choice) -> Started | None:
         return await begin_choice(

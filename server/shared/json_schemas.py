@@ -44,7 +44,11 @@ SCHEMAS = frozenset(
 # refuse the keys the other parts allow (llguidance then calls the schema unsatisfiable).
 PARTIAL = frozenset({"allOf", "not", "if", "then", "else", "dependentSchemas", "dependencies"})
 # What opens an object (or leaves its keys to another keyword) where a schema says it.
-OPENERS = ("additionalProperties", "unevaluatedProperties", "allOf", "$ref")
+OPENERS = ("additionalProperties", "unevaluatedProperties", "allOf", "$ref", "anyOf", "oneOf")
+# Alternatives that, beside properties of their own, are each intersected with them: a
+# tagged union whose branches repeat the tag and add their own keys.
+ALTERNATIVES = ("anyOf", "oneOf")
+OWN_KEYS = ("properties", "patternProperties", "required")
 
 
 def held_schema(schema: Any) -> Any:
@@ -79,22 +83,34 @@ def _closable(node: dict) -> bool:
     if any(word in node for word in OPENERS):
         return False
     required = node.get("required")
+    required = list(required) if isinstance(required, list) else []
+    dependent = node.get("dependentRequired")
+    if isinstance(dependent, dict):
+        required += [
+            name for names in dependent.values() if isinstance(names, list) for name in names
+        ]
     listed = listed if isinstance(listed, dict) else {}
-    if isinstance(required, list) and "patternProperties" not in node:
+    if "patternProperties" not in node:
         return all(name in listed for name in required)
     return True
 
 
 def _refs_intersected(node: dict) -> list[str]:
     """The places (JSON pointers) of the schemas `node` intersects with others by
-    reference: its `allOf` members' `$ref`s, where it has more than the one member, and
-    its own `$ref` where it lists properties of its own too."""
+    reference: its `allOf` members' `$ref`s, where it has more than the one member, its
+    own `$ref` where it lists properties of its own too, and its alternatives' `$ref`s
+    beside keys of its own."""
     own = any(word in node for word in ("properties", "patternProperties", "$ref"))
     parts = node.get("allOf")
     parts = parts if isinstance(parts, list) else []
     refs = [p.get("$ref") for p in parts if isinstance(p, dict)] if own or len(parts) > 1 else []
     if "properties" in node or "patternProperties" in node:
         refs.append(node.get("$ref"))
+    if any(word in node for word in OWN_KEYS):
+        for word in ALTERNATIVES:
+            members = node.get(word)
+            members = members if isinstance(members, list) else []
+            refs += [m.get("$ref") for m in members if isinstance(m, dict)]
     return [ref[1:] for ref in refs if isinstance(ref, str) and ref[:1] == "#"]
 
 
@@ -107,8 +123,10 @@ def _subschemas(root: dict):
         if not isinstance(node, dict):
             continue
         yield node, pointer, whole
+        beside_own = any(word in node for word in OWN_KEYS)
         for word, value in node.items():
-            at, part_whole = f"{pointer}/{_escaped(word)}", word not in PARTIAL
+            part = word in PARTIAL or (word in ALTERNATIVES and beside_own)
+            at, part_whole = f"{pointer}/{_escaped(word)}", not part
             if word in SCHEMA_MAPS and isinstance(value, dict):
                 todo += [(v, f"{at}/{_escaped(k)}", part_whole) for k, v in value.items()]
             elif word in SCHEMAS and isinstance(value, list):

@@ -199,9 +199,9 @@ class CycleStep:
         wide as its widest round, and one key's long drafts would otherwise make every
         other key's round wait for rows it never asked for. Alone, a key's drafts cost
         only itself; pinned, every session's rows are decoded anyway (`step` does not
-        call this). Not cut: a grammar's rounds (their masks are for the whole draft),
-        the verifier's own copies, a chunk's steps, and any round while the advice is
-        unknown. A cut round says what it verified
+        call this). Not cut: the verifier's own copies, a chunk's steps, and any round
+        while the advice is unknown. A grammar's round keeps its masks' first rows (row i
+        is the grammar's state after the draft's first i tokens). A cut round says what it verified
         (`draft_verified`); a prefix of a draft is judged as the whole is."""
         works = [job.work for job in rounds if isinstance(job.work, VerifyWork)]
         if len({work.session.owner for work in works}) < 2:
@@ -209,7 +209,7 @@ class CycleStep:
         engine = self.engine
         for work in works:
             session = work.session
-            if work.copied or not work.advise or session.constraint is not None:
+            if work.copied or not work.advise:
                 continue
             advised = engine.advisor.advise(
                 session.acceptance, engine.max_draft, session.last_draft, session.owner

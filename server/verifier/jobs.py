@@ -61,6 +61,8 @@ class VerifyWork:
         self.draft_tokens = self.draft_tokens[:keep]
         if self.draft_probs is not None:
             self.draft_probs = self.draft_probs[:keep]
+        if self.masks is not None:  # row i is the grammar's after the draft's first i tokens
+            self.masks = self.masks[: keep + 1]
         self.verified = keep
 
     @property

@@ -4,6 +4,7 @@ build without one stops the start, naming the fix), how much context each sessio
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from server.shared.devices import Placement, list_devices, placement
 from server.shared.machine import ContextChoice, available_memory, session_context
 from server.shared.runtime import LlamaRuntime, LlamaVocab, supports_gpu_offload
 from server.verifier.settings import VerifierSettings
+
+log = logging.getLogger(__name__)
 
 # The share of the free memory where the KV cache lives that it takes by default: the
 # rest is for compute buffers, the weights' pages, other processes.
@@ -73,7 +76,12 @@ def context_for(
     budget = settings.kv_cache_mb * 2**20
     if not budget:
         gpu = next((d for d in devices if d.is_gpu), None)
-        free = gpu.free_bytes if where.gpu_layers and gpu is not None else available_memory()
+        if where.gpu_layers and gpu is not None:
+            free = gpu.free_bytes
+        else:
+            # The weights are mapped from the file: what the system counts as free memory
+            # holds their pages, which every pass reads.
+            free = max(0, available_memory() - settings.model_path.stat().st_size)
         budget = int(free * KV_SHARE)
     choice = session_context(
         asked=settings.n_ctx,
@@ -82,6 +90,13 @@ def context_for(
         n_sessions=settings.max_sessions,
         budget_bytes=budget,
         room=room,
+    )
+    cache = settings.max_sessions * (choice.n_ctx + room) * model.kv_bytes_per_token
+    log.info(
+        "KV cache: %d sessions of %d tokens, %.0f MiB",
+        settings.max_sessions,
+        choice.n_ctx,
+        cache / 2**20,
     )
     return choice, where
 

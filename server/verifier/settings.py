@@ -39,7 +39,8 @@ class VerifierSettings(BaseSettings):
         0,
         ge=0,
         description="memory for every session's KV cache, in MiB, when n_ctx is 0; 0 = half "
-        "of what is free where the cache lives (the GPU after the weights, else the system)",
+        "of what is free where the cache lives (the GPU after the weights, else the "
+        "system's available memory less the model file, whose pages the passes read)",
     )
     n_gpu_layers: int = Field(
         0,

@@ -106,3 +106,34 @@ def test_closing_keeps_what_the_never_ends_check_reads():
     loop = {"type": "object", "properties": {"again": {"$ref": "#"}}, "required": ["again"]}
     assert never_ends("json_schema", "", held_schema(loop)) == NEVER_ENDS
     assert never_ends("json_schema", "", held_schema(PERSON)) is None
+
+
+def test_alternatives_beside_keys_of_their_own_stay_open():
+    """A tagged union: the object lists its tag and requires it, and each alternative adds
+    its own keys (repeating the tag or not). Closed, either side would refuse the other's
+    keys and no object could be written; left open, both validate as the schema says."""
+    tagged = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "required": ["kind"],
+        "anyOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]}],
+    }
+    one_of_refs = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "required": ["kind"],
+        "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+        "$defs": {
+            "a": {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}},
+            "b": {"properties": {"kind": {"const": "b"}, "y": {"type": "integer"}}},
+        },
+    }
+    held = held_schema(tagged)
+    assert "additionalProperties" not in held and "additionalProperties" not in held["anyOf"][0]
+    assert allows(compile_grammar("json_schema", tagged), '{"kind": "p", "x": 1}')
+    held = held_schema(one_of_refs)
+    assert all("additionalProperties" not in d for d in held["$defs"].values())
+    assert allows(compile_grammar("json_schema", one_of_refs), '{"kind": "a", "x": 1}')
+    # A union of whole objects, beside no keys of its own, closes each.
+    union = {"anyOf": [{"type": "object", "properties": {"x": {"type": "integer"}}}]}
+    assert held_schema(union)["anyOf"][0]["additionalProperties"] is False

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from drafter.principals import (
+    FOREIGN,
     Histories,
     client_keys,
+    host_name,
     is_loopback,
+    request_principal,
     resolve_history_scope,
     serve_history_scope,
 )
@@ -135,3 +138,26 @@ def test_scope_none_and_drafters_without_history_draft_from_none():
     assert Histories(DrafterSettings(), NONE).of("key-0") is None
     assert Histories(DrafterSettings(drafter="model"), USER).of(None) is None
     assert Histories(DrafterSettings(drafter="model"), KEY).of("key-0") is None
+
+
+@pytest.mark.parametrize(
+    ("header", "host"),
+    [("127.0.0.1:8080", "127.0.0.1"), ("[::1]:8080", "::1"), ("localhost", "localhost"),
+     ("evil.example:8080", "evil.example"), ("::1", "::1")],
+)  # fmt: skip
+def test_the_host_of_a_host_header(header, host):
+    assert host_name(header) == host
+
+
+def test_a_keyless_request_naming_no_loopback_host_gets_no_history_from_auto():
+    """DNS rebinding: a web page whose name resolves to 127.0.0.1 reaches a loopback
+    `serve`, and the browser's Host header is the page's name. Under `auto` (one user's
+    machine) it is nobody's history; under a scope the operator set, as that scope says."""
+    assert request_principal(None, "127.0.0.1:8080") is None
+    assert request_principal(None, "localhost") is None
+    assert request_principal(None, "rebound.example:8080") == FOREIGN
+    assert request_principal("key-0", "rebound.example") == "key-0"
+    auto = Histories(DrafterSettings(), HistoryScope.user)
+    assert auto.of(None) is not None and auto.of(FOREIGN) is None
+    chosen = Histories(DrafterSettings(history_scope="user"), HistoryScope.user)
+    assert chosen.of(FOREIGN) is chosen.of(None) is not None
