@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from drafter.serve.errors import invalid_request
 from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
 from drafter.serve.responses import CalledFunction, ToolCall
-from server.shared.json_schemas import held_schema
+from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS, held_schema
 from server.shared.protocol import MAX_GRAMMAR_CHARS, Grammar
 
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
@@ -36,29 +36,6 @@ OPENING, CLOSING = OPEN.strip(), CLOSE.strip()
 TEXT = f"/(.|\\n)+/ & ~/(?s:.*){OPENING}(?s:.*)/"
 OPENED = f"/(?s:.*){OPENING}\\n/ & ~/(?s:.*){OPENING}(?s:.){{2,}}/"
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
-# JSON Schema's keywords whose values are schemas: a map of them, one, or a list (or one).
-SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
-)
-SCHEMAS = frozenset(
-    {
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "contains",
-        "additionalProperties",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "propertyNames",
-    }
-)
 
 
 def request_grammar(request: _Request) -> Grammar | None:
