@@ -13,9 +13,10 @@ client-side round latency is timed. The attacks:
   rejected-drafts      3 of mallory's sessions send 2-token drafts, always rejected; the
                        table adds the share of alice's rounds advised a draft of 0.
   count-tokens-flood   a `serve` in front of the verifier (verifier key alice-key); 6 of
-                       mallory's connections post 4 MB texts to /v1/messages/count_tokens,
-                       again and again; alice times chat completions through that serve
-                       (whole requests) and a poller times its GET /health.
+                       mallory's connections post 4 MB texts (five turns) to
+                       /v1/messages/count_tokens again and again; alice times chat
+                       completions through that serve (whole requests) and a poller
+                       times its GET /health.
   grammar              2 of mallory's connections open sessions with a GBNF grammar of
                        1,600 chained rules (a new one each time, so none is cached), and
                        alice times her prefills under a small JSON schema.
@@ -62,7 +63,8 @@ REFERENCE_TOKENS = 256  # alice's session is opened again once her rounds pass t
 N_CTX = 2048  # a setting both this verifier and older ones know (the old default)
 MALLORY_SESSIONS = 3
 FLOOD_CONNECTIONS = 6
-FLOOD_MB = 4.0
+FLOOD_MB = 4.0  # the text of each count_tokens request: just under serve's 4 MiB body
+TURN = 800_000  # characters a message: serve's longest is 1 MiB; five turns, the last a user's
 GRAMMAR_CONNECTIONS = 2
 GRAMMAR_RULES = 1600
 ALICE_SCHEMA = {
@@ -234,6 +236,7 @@ def timed_requests(
             answer = send()
         except httpx.HTTPError as exc:
             statuses[status_of(exc)] += 1
+            time.sleep(0.05)
             continue
         took = (time.perf_counter() - began) * 1000.0
         statuses[answer.status_code] += 1
@@ -347,7 +350,13 @@ class CountTokens(Attacker):
         self.text, self.key = text, key
 
     def attack(self) -> None:
-        body = {"model": "any", "messages": [{"role": "user", "content": self.text}]}
+        # In turns: serve takes at most 1 MiB of characters in one message (a 400 before
+        # any work), and a body of 4 MiB.
+        turns = [
+            {"role": "user" if n % 2 == 0 else "assistant", "content": self.text[i : i + TURN]}
+            for n, i in enumerate(range(0, len(self.text), TURN))
+        ]
+        body = {"model": "any", "messages": turns}
         with httpx.Client(timeout=300, headers=auth(self.key)) as client:
             while not self.stop_event.is_set():
                 began = time.perf_counter()
