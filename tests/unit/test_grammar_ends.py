@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from llguidance import gbnf_to_lark
 from pydantic import BaseModel
 
+from scripts.bench_grammar_check import chained_gbnf, chained_lark_terminals
 from server.shared import grammar_text
 from server.shared.constraint import compile_grammar
 from server.shared.grammar_ends import NEVER_ENDS, never_ends
@@ -261,16 +262,6 @@ def test_a_lark_rule_the_check_does_not_read_leaves_the_rest_checked(text):
 )
 def test_an_end_through_a_rule_the_check_does_not_read_passes(text):
     assert never_ends("lark", llguidance.grammar_from("lark", text)) is None
-
-
-def chained_gbnf(n: int) -> str:
-    lines = [f'r{i} ::= "ab" r{i + 1} | "cd"' for i in range(n)]
-    return "\n".join(["root ::= r0", *lines, f'r{n} ::= "z"'])
-
-
-def chained_lark_terminals(n: int) -> str:
-    lines = [f'T{i}: "ab" T{i + 1} | "cd"' for i in range(n)]
-    return "\n".join(["start: T0", *lines, f'T{n}: "z"'])
 
 
 def test_long_chains_are_read_within_a_deadline_checked_as_the_check_walks():

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from scripts.bench_grammar_check import chained_gbnf, chained_lark_terminals
 from server.shared import constraint as constraint_module
 from server.shared.constraint import GrammarError, GrammarLimits, Grammars
 from server.shared.grammar_text import MAX_WEIGHT
 from tests.fixtures.byte_grammar import END, TOKENIZER
-from tests.unit.test_grammar_ends import chained_gbnf, chained_lark_terminals
 
 
 def grammars(**limits) -> Grammars:
