@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from drafter.errors import DrafterError
-from drafter.loop import prefer_quick_handoffs
 from drafter.output import JsonRenderer, TextRenderer
 from drafter.principals import serve_history_scope
 from drafter.runner import run
 from drafter.settings import DrafterKind, DrafterSettings, HistoryScope, OutputFormat
+from drafter.speculative.loop import prefer_quick_handoffs
 from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import Strategy
 

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from drafter.loop import RoundEvent, SpeculativeResult
-from drafter.text import TextDecoder
+from drafter.drafters.text import TextDecoder
+from drafter.speculative.loop import RoundEvent, SpeculativeResult
 from server.shared.machine import usable_cores
 
 ACCEPTED_STYLE = "green"

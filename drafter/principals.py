@@ -18,9 +18,9 @@ import ipaddress
 import logging
 import threading
 
+from drafter.drafters.suffix import SuffixHistory
 from drafter.runner import user_history
 from drafter.settings import WITH_HISTORY, DrafterSettings, HistoryScope
-from drafter.suffix import SuffixHistory
 from server.shared.api_keys import ApiKeys
 
 log = logging.getLogger("drafter.serve")

@@ -7,20 +7,20 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from drafter.candidates import Drafter
 from drafter.client import VerifierClient
-from drafter.compat import check_protocol, check_vocabulary
-from drafter.draft_length import DraftLength, LinkAwareLength
+from drafter.drafters.compat import check_protocol, check_vocabulary
+from drafter.drafters.history_lookup import HistoryLookup
+from drafter.drafters.model import DraftModel, DraftPolicy
+from drafter.drafters.model import where as draft_where
+from drafter.drafters.ngram import ModelWithLookup, NgramDrafter
+from drafter.drafters.suffix import SuffixDrafter, SuffixHistory
+from drafter.drafters.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
 from drafter.errors import DrafterError
-from drafter.history_lookup import HistoryLookup
-from drafter.length_memory import LengthMemory, RememberingLength
-from drafter.lookup_gate import LookupGate
-from drafter.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
-from drafter.model import DraftModel, DraftPolicy
-from drafter.model import where as draft_where
-from drafter.ngram import ModelWithLookup, NgramDrafter
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.length_memory import LengthMemory, RememberingLength
+from drafter.length.lookup_gate import LookupGate
+from drafter.length.plain_lengths import DoublingLength, FixedLength
 from drafter.output import BaselineResult
-from drafter.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import (
     LOOKUPS,
     MODEL_WITH_LOOKUP,
@@ -29,8 +29,8 @@ from drafter.settings import (
     DrafterSettings,
     OutputFormat,
 )
-from drafter.suffix import SuffixDrafter, SuffixHistory
-from drafter.translate import TranslatingDrafter, cached_vocab_file, vocab_matches
+from drafter.speculative.candidates import Drafter, DraftLength
+from drafter.speculative.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from server.shared.info import InfoResponse
 from server.shared.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
 from server.shared.runtime import LlamaError, LlamaVocab
@@ -222,10 +222,10 @@ def draft_length(
     draft_s_prior: float | None = None,
 ) -> DraftLength:
     """`auto`: the link-aware cost model for a model's drafts, doubling for prompt
-    lookup's (see drafter/draft_length.py). `watched`: the tokens are shown or looked
+    lookup's (see drafter/length/draft_length.py). `watched`: the tokens are shown or looked
     through as they come, which paces the chunks of rounds without a draft (ChunkPace);
     `memory`: what earlier generations of the same `serve` slot measured
-    (drafter/length_memory.py); `draft_s_prior`: the draft model's time a draft token
+    (drafter/length/length_memory.py); `draft_s_prior`: the draft model's time a draft token
     before drafted rounds measure it (DraftModel.warm_up)."""
     if settings.draft_n != "auto":
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)

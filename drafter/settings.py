@@ -30,13 +30,13 @@ class DrafterKind(StrEnum):
     model_history = "model+history"
 
 
-# Who drafts by looking text up, with no model of its own (drafter/ngram.py, suffix.py).
+# Who drafts by looking text up, with no model of its own (drafter/drafters/ngram.py, suffix.py).
 LOOKUPS = frozenset({DrafterKind.ngram, DrafterKind.suffix})
 # A lookup with the draft model behind it.
 MODEL_WITH_LOOKUP = frozenset(
     {DrafterKind.model_ngram, DrafterKind.model_suffix, DrafterKind.model_history}
 )
-# Who drafts from the user's history (drafter/suffix.py, history_lookup.py).
+# Who drafts from the user's history (drafter/drafters/suffix.py, history_lookup.py).
 WITH_HISTORY = frozenset({DrafterKind.suffix, DrafterKind.model_suffix, DrafterKind.model_history})
 
 

@@ -108,7 +108,7 @@ class Totals:
         default_factory=lambda: dict.fromkeys((*SUM_KEYS, "expected_tokens", "expected_s"), 0.0)
     )
     identical: bool = True
-    # Rounds whose answer was the drafter's r-th likeliest (drafter/speculation.py).
+    # Rounds whose answer was the drafter's r-th likeliest (drafter/speculative/speculation.py).
     answer_ranks: dict[int, int] = field(default_factory=dict)
 
     def add(self, stats: dict) -> None:
@@ -292,7 +292,7 @@ def measured_rtt_ms(url: str, n: int = 20) -> float:
 
 
 def chat_renderer(model_path: Path):
-    from drafter.model import DraftModel
+    from drafter.drafters.model import DraftModel
 
     model = DraftModel(model_path, n_ctx=512, n_threads=1)
 

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  prompt_chunk {info['prompt_chunk']}", file=sys.stderr)
     print(table(rows))
     # Reuse must not change a token where prompts are cut alike; other cuts are other
-    # numbers (server/verifier/invariance.py), so those setups' texts may differ.
+    # numbers (server/verifier/probe/invariance.py), so those setups' texts may differ.
     same_cuts = [r for r in rows if r["setup"] in ("tiled (default)", "reuse off, same cuts")]
     texts: dict[str, set[str]] = {}
     for r in same_cuts:

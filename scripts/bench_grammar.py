@@ -94,8 +94,8 @@ PROMPTS = (
 def acceptance_rows(new_tokens: int = 64) -> list[tuple[str, str, int, int, bool]]:
     """Per prompt and way of drafting: (prompt, way, drafted, accepted, output alike)."""
     from drafter.client import VerifierClient
-    from drafter.loop import SpeculativeLoop
-    from drafter.model import DraftModel
+    from drafter.drafters.model import DraftModel
+    from drafter.speculative.loop import SpeculativeLoop
     from scripts.harness.local import LocalVerifier
     from server.shared.defaults import DEFAULT_DRAFTER_MODEL
     from server.shared.protocol import Grammar, PrefillRequest

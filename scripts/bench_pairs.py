@@ -16,10 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.drafters.translate import TranslatingDrafter
 from drafter.runner import load_verifier_vocab
-from drafter.translate import TranslatingDrafter
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.local import LocalVerifier
 from server.shared.defaults import MODELS_DIR

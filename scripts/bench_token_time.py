@@ -9,7 +9,7 @@ which starts every process afresh), and what it adds to the row before it:
 
 - decode, in process: llama-cpp-python's llama_decode of one row a token and the argmax
   (server/shared/runtime.py): llama.cpp's own speed as the verifier calls it.
-- engine, in process: the verifier's engine stepping a chunk (server/verifier/cycle.py,
+- engine, in process: the verifier's engine stepping a chunk (server/verifier/scheduling/cycle.py,
   one row a pass, its tokens answered together): what the engine's bookkeeping adds.
 - /verify chunks: the verifier under uvicorn, chunks of CHUNK tokens asked over HTTP
   (the prompt's prefill not counted): what the server, its scheduler and the link add.
@@ -74,9 +74,9 @@ def in_process(model: Path, tokens: int, repeats: int) -> dict[str, dict]:
     (`ms`, a repeat each) and the tokens generated (`tokens`)."""
     from server.shared.protocol import PrefillRequest, VerifyRequest
     from server.shared.runtime import BatchEntry
-    from server.verifier.app import build_engine
-    from server.verifier.checks import round_key
-    from server.verifier.cycle import CycleStep, Job
+    from server.verifier.decoding.checks import round_key
+    from server.verifier.edge.app import build_engine
+    from server.verifier.scheduling.cycle import CycleStep, Job
     from server.verifier.settings import VerifierSettings
 
     engine = build_engine(VerifierSettings(model_path=model, n_threads=1))

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.cli import HelpFormatter, first_paragraph
 from scripts.harness.load import PROMPTS
 from scripts.harness.metrics import Metrics

@@ -4,7 +4,7 @@ import sys
 
 from pydantic import ValidationError
 
-from server.verifier.app import create_app
+from server.verifier.edge.app import create_app
 
 try:
     app = create_app()

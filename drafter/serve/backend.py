@@ -3,7 +3,7 @@ first use, and one generation on a worker thread per slot.
 
 The drafter's cache is kept between requests: each slot's sequence still holds its last
 prompt and answer, and the next request that shares a prefix with them evaluates only
-the rest (the loop syncs the cache by longest common prefix, drafter/model.py). Seeded
+the rest (the loop syncs the cache by longest common prefix, drafter/drafters/model.py). Seeded
 sampling is the exception (DraftModel.decodes_alone): its sequence starts empty.
 """
 
@@ -17,8 +17,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from drafter.model import DraftModel
-from drafter.model import where as draft_where
+from drafter.drafters.model import DraftModel
+from drafter.drafters.model import where as draft_where
 from drafter.principals import Histories, serve_history_scope
 from drafter.runner import (
     connect,
@@ -27,10 +27,10 @@ from drafter.runner import (
     speculative_loop,
     verifier_where,
 )
+from drafter.serve.chat_responses import SpeculativeFigures
 from drafter.serve.errors import PromptTooLong
 from drafter.serve.prompts import TextSide
 from drafter.serve.render_gate import RenderGate
-from drafter.serve.responses import SpeculativeFigures
 from drafter.serve.slots import GenerationSlot, SlotPool
 from drafter.serve.text_out import Emit, TextOut
 from drafter.settings import DrafterSettings

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from drafter.serve.chat_api import MAX_ARGUMENTS_DEPTH
 from drafter.serve.errors import OpenAIError, invalid_request
-from drafter.serve.protocol import MAX_ARGUMENTS_DEPTH
 
 
 class EdgeRequest(BaseModel):

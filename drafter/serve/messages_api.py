@@ -1,5 +1,5 @@
 """Anthropic's Messages API (`POST /v1/messages`) as a request of the one chat model
-`serve` generates from (drafter/serve/protocol.py): `system` as the system message, text
+`serve` generates from (drafter/serve/chat_api.py): `system` as the system message, text
 blocks as text, an assistant's `tool_use` blocks as its tool calls, a user's
 `tool_result` blocks as tool messages, `tools` with their `input_schema` as chat's tools,
 `tool_choice` `any` as `required`, `stop_sequences` as `stop`."""
@@ -19,14 +19,14 @@ from pydantic import (
     ValidationError,
 )
 
-from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
-from drafter.serve.errors import invalid_request
-from drafter.serve.protocol import (
+from drafter.serve.chat_api import (
     MAX_STOPS,
     MAX_TOOLS,
     ChatCompletionRequest,
     Text,
 )
+from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
+from drafter.serve.errors import invalid_request
 
 MAX_BLOCKS = 1024
 # Claude Code's first system block: an attribution line for Anthropic's billing, whose

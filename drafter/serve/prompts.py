@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from drafter.serve.chat_api import ChatCompletionRequest, CompletionRequest
 from drafter.serve.errors import PromptTooLong, invalid_request
-from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
 from drafter.serve.tools import tools_message
 from server.shared.protocol import PromptInput
 from server.shared.runtime import LlamaVocab

@@ -19,11 +19,11 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from drafter.principals import PRINCIPAL, request_principal
 from drafter.serve.backend import Generation, SpeculativeBackend
+from drafter.serve.chat_api import ChatCompletionRequest, _Request
+from drafter.serve.chat_writer import Answered
 from drafter.serve.edge_request import EdgeRequest
 from drafter.serve.errors import as_openai_error, invalid_request
 from drafter.serve.prompts import Prompted, TextSide
-from drafter.serve.protocol import ChatCompletionRequest, _Request
-from drafter.serve.shapes import Answered
 from drafter.serve.slots import SlotPool
 from drafter.serve.text_out import Spelled
 from drafter.serve.tools import CallSniffer, parse_tool_calls, request_grammar

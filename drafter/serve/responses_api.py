@@ -1,5 +1,5 @@
 """OpenAI's Responses API (`POST /v1/responses`), its stateless core, as a request of the
-one chat model `serve` generates from (drafter/serve/protocol.py): `input` as a text or
+one chat model `serve` generates from (drafter/serve/chat_api.py): `input` as a text or
 items (messages, earlier function calls and their outputs replayed), `instructions` as
 the system message, `text.format` as `response_format`, function tools as chat's tools.
 A response is not kept (`store` true and `previous_response_id` are refused): a client
@@ -25,9 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
-from drafter.serve.errors import invalid_request
-from drafter.serve.protocol import (
+from drafter.serve.chat_api import (
     MAX_ARGUMENTS_DEPTH,
     MAX_TOOLS,
     ChatCompletionRequest,
@@ -36,6 +34,8 @@ from drafter.serve.protocol import (
     Text,
     json_depth,
 )
+from drafter.serve.edge_request import EdgeRequest, edge_error, not_too_deep
+from drafter.serve.errors import invalid_request
 
 log = logging.getLogger(__name__)
 

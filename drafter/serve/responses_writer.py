@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
+from drafter.serve.chat_responses import SpeculativeFigures, ToolCall
+from drafter.serve.chat_writer import Answered, total_figures
 from drafter.serve.errors import OpenAIError
-from drafter.serve.responses import SpeculativeFigures, ToolCall
 from drafter.serve.responses_api import ResponsesRequest
-from drafter.serve.shapes import Answered, total_figures
 from drafter.serve.text_out import Spelled
 
 

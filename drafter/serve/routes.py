@@ -11,15 +11,15 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from drafter.serve.backend import SpeculativeBackend
+from drafter.serve.chat_api import ChatCompletionRequest, CompletionRequest
+from drafter.serve.chat_responses import ChatCompletion, Completion, ModelCard, ModelList
+from drafter.serve.chat_writer import Reply
 from drafter.serve.messages_api import CountTokensRequest, MessagesRequest
 from drafter.serve.messages_writer import MessagesWriter
 from drafter.serve.prompts import Prompted, TextSide, chat_prompts, completion_prompts
-from drafter.serve.protocol import ChatCompletionRequest, CompletionRequest
 from drafter.serve.replies import answer, check_fields, count_prompt_tokens
-from drafter.serve.responses import ChatCompletion, Completion, ModelCard, ModelList
 from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
-from drafter.serve.shapes import Reply
 from server.shared.request_body import read_json
 
 

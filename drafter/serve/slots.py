@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from drafter.client import VerifierClient
-from drafter.length_memory import LengthMemory
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.length.length_memory import LengthMemory
 from server.shared.prefix import common_prefix_len
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from drafter.drafters.text import TextDecoder
 from drafter.serve.stops import StopScanner
-from drafter.text import TextDecoder
 from server.shared.protocol import TokenLogprob
 
 

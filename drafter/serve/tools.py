@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from drafter.serve.chat_api import ChatCompletionRequest, NamedToolChoice, Tool, _Request
+from drafter.serve.chat_responses import CalledFunction, ToolCall
 from drafter.serve.errors import invalid_request
-from drafter.serve.protocol import ChatCompletionRequest, NamedToolChoice, Tool, _Request
-from drafter.serve.responses import CalledFunction, ToolCall
 from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS, held_schema
 from server.shared.protocol import MAX_GRAMMAR_CHARS, Grammar
 

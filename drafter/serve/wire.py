@@ -10,9 +10,9 @@ from typing import Protocol
 from pydantic import BaseModel
 from sse_starlette import ServerSentEvent
 
+from drafter.serve.chat_responses import ToolCall
+from drafter.serve.chat_writer import Answered
 from drafter.serve.errors import OpenAIError
-from drafter.serve.responses import ToolCall
-from drafter.serve.shapes import Answered
 from drafter.serve.text_out import Spelled
 
 

@@ -71,7 +71,7 @@ say "the default verifier's vocabulary"
 "$PYTHON" - "$KIT/vocab.gguf" <<'EOF'
 import sys
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
-from server.verifier.vocab_file import vocab_only_gguf
+from server.verifier.decoding.vocab_file import vocab_only_gguf
 open(sys.argv[1], "wb").write(vocab_only_gguf(DEFAULT_VERIFIER_MODEL))
 EOF
 rm -rf "$WORK/src"  # the unpacked sdist: what the kit needs of it is in the kit

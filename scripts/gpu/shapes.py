@@ -1,5 +1,5 @@
 """Where a row's logits move with the pass it is computed in, on the device the verifier
-runs on: the startup probe (server/verifier/invariance.py) run on one verifier runtime
+runs on: the startup probe (server/verifier/probe/invariance.py) run on one verifier runtime
 with shapes free and pinned, each with its checks at a short context only (every pass
 attends over the same span of cells) and with those after a long one (a long round, and
 rounds beside a long sequence: the span grows to the longest sequence's). Where the
@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from server.verifier import invariance
-from server.verifier.app import build_runtime
-from server.verifier.decoder import PassDecoder
+from server.verifier.decoding.decoder import PassDecoder
+from server.verifier.edge.app import build_runtime
+from server.verifier.probe import invariance
 from server.verifier.settings import VerifierSettings
 
 KEPT = ("batch_invariant", "max_abs_diff", "argmax_agrees", "pinned_width", "pinned_logits")

@@ -1,5 +1,5 @@
 """Concurrent drafters against a verifier, for the load test (scripts/loadtest.py) and the
-failover script: each runs the real speculative loop (drafter/loop.py) with the real
+failover script: each runs the real speculative loop (drafter/speculative/loop.py) with the real
 HTTP client on a thread of its own.
 
 Two kinds of drafter. `model`: the draft model, one context with a sequence per drafter
@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from drafter.candidates import Draft, Drafter
 from drafter.client import VerifierClient
-from drafter.draft_length import LinkAwareLength
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
-from drafter.plain_lengths import FixedLength
+from drafter.drafters.model import DraftModel
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.plain_lengths import FixedLength
+from drafter.speculative.candidates import Draft, Drafter
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.metrics import Metrics
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest, VerifyResponse

@@ -1,7 +1,7 @@
 """What a draft of k tokens is worth: a per-token acceptance, learned from rounds, and the
 tokens a round of k drafts commits on average at it. One estimate for both sides: the
-verifier's advice (server/verifier/advice.py) and the drafter's `auto` length
-(drafter/draft_length.py).
+verifier's advice (server/verifier/decoding/advice.py) and the drafter's `auto` length
+(drafter/length/draft_length.py).
 
 A round of k drafts whose tokens are accepted one after another with probability a
 commits on average

@@ -1,6 +1,6 @@
 """Where a text repeats itself: the one search the verifier's copies inside its chunks
-(server/verifier/copy_draft.py) and a drafter that leaves those repeats to them
-(drafter/history_lookup.py) both make, so that they agree on which repeats those are."""
+(server/verifier/decoding/copy_draft.py) and a drafter that leaves those repeats to them
+(drafter/drafters/history_lookup.py) both make, so that they agree on which repeats those are."""
 
 from __future__ import annotations
 

@@ -196,7 +196,7 @@ class VerifierMetrics:
         self._lock = threading.Lock()
 
     def observe_pass(self, record) -> None:
-        """One llama_decode (server.verifier.decoder.PassRecord)."""
+        """One llama_decode (server.verifier.decoding.decoder.PassRecord)."""
         self.decodes.labels(record.kind).inc()
         self.forward_passes.labels(record.kind).inc(record.forward_passes)
         if record.kind == "rounds":
@@ -207,7 +207,7 @@ class VerifierMetrics:
         self.decoded_tokens.inc(record.real_rows)
 
     def observe_step(self, step) -> None:
-        """What one engine step did (server.verifier.cycle.Step)."""
+        """What one engine step did (server.verifier.scheduling.cycle.Step)."""
         for record in step.passes:
             self.observe_pass(record)
         if step.rounds_decoded:

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL
 from server.shared.strict import unknown_variables
-from server.verifier.copy_draft import COPY_NGRAM, RESYNC_SPAN
+from server.verifier.decoding.copy_draft import COPY_NGRAM, RESYNC_SPAN
 
 ENV_PREFIX = "VERIFIER_"
 
@@ -131,7 +131,7 @@ class VerifierSettings(BaseSettings):
         description="where a session's last this many tokens occurred earlier in its own text, "
         "a step of its chunks (a round asking for several of the verifier's own tokens) drafts "
         "what followed them there, as llama.cpp's ngram-simple does, when the verifier's cost "
-        "of a pass says it pays (server/verifier/copy_draft.py); 0 = never",
+        "of a pass says it pays (server/verifier/decoding/copy_draft.py); 0 = never",
     )
     chunk_copy_resync: int = Field(
         RESYNC_SPAN,
@@ -139,13 +139,13 @@ class VerifierSettings(BaseSettings):
         le=1024,
         description="for this many tokens after a chunk's copy broke off (an edit in a repeated "
         "text: a name renamed), a step looks for its last two tokens just past where the text left "
-        "the source, and copies on from there (server/verifier/copy_draft.py); 0 = never",
+        "the source, and copies on from there (server/verifier/decoding/copy_draft.py); 0 = never",
     )
     lookup_sizing: bool = Field(
         True,
         description="a client's lookup draft that carries its estimated acceptance "
         "(draft_accept) is verified as far as the cost of a pass says it pays, and where no "
-        "part pays, the round is the chunk it asked for (server/verifier/copy_draft.py); "
+        "part pays, the round is the chunk it asked for (server/verifier/decoding/copy_draft.py); "
         "false: /info says lookup_sizing false, and such a draft is verified whole",
     )
     prompt_pad: Literal["auto", "always", "off"] = Field(

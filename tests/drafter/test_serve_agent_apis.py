@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 
 from drafter.serve.app import MAX_BODY_BYTES, create_app
 from drafter.serve.backend import Finished
+from drafter.serve.chat_responses import CalledFunction, ToolCall
+from drafter.serve.chat_writer import Answered
 from drafter.serve.errors import OpenAIError
 from drafter.serve.messages_writer import MessagesWriter
-from drafter.serve.responses import CalledFunction, ToolCall
 from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
-from drafter.serve.shapes import Answered
 from drafter.settings import DrafterSettings
 
 QUESTION = [{"role": "user", "content": "hi"}]

@@ -129,7 +129,7 @@ def test_unknown_routes_and_methods_answer_in_openai_shape(api):
 
 
 def test_a_tiny_temperature_is_greedy_not_an_overflow():
-    from drafter.serve.protocol import CompletionRequest
+    from drafter.serve.chat_api import CompletionRequest
 
     for tiny in (5e-324, 1e-310, 1e-6):
         sampling = CompletionRequest(prompt="x", temperature=tiny).sampling()

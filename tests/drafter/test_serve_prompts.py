@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from drafter.serve.chat_api import CompletionRequest
 from drafter.serve.errors import OpenAIError
 from drafter.serve.prompts import TextSide, completion_prompts
-from drafter.serve.protocol import CompletionRequest
 
 PRE, SUF, MID, BOS = 900, 901, 902, 1
 

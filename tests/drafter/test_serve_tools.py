@@ -10,11 +10,11 @@ import copy
 import json
 
 from drafter.serve.backend import Finished
+from drafter.serve.chat_api import ChatCompletionRequest
+from drafter.serve.chat_writer import Answered, Reply
 from drafter.serve.messages_writer import MessagesWriter
-from drafter.serve.protocol import ChatCompletionRequest
 from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
-from drafter.serve.shapes import Answered, Reply
 from drafter.serve.tools import CLOSE, OPEN, CallSniffer, parse_tool_calls, rebased, tool_grammar
 from server.shared.constraint import compile_grammar
 from tests.fixtures.byte_grammar import allows

@@ -1,4 +1,4 @@
-"""Copies inside a chunk on the real model (server/verifier/copy_draft.py): a session
+"""Copies inside a chunk on the real model (server/verifier/decoding/copy_draft.py): a session
 whose text repeats itself asks for chunks of the verifier's own tokens; whatever the
 verifier copies (its cost model decides from measured passes, so how much is not fixed
 here: tests/unit/test_copy_draft.py drives that with a set cost), the tokens are the
@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from scripts.harness.metrics import Metrics
-from server.verifier.copy_draft import COPY_NGRAM
+from server.verifier.decoding.copy_draft import COPY_NGRAM
 
 pytestmark = pytest.mark.integration
 

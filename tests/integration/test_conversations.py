@@ -3,7 +3,8 @@ what both sides cached, requests at once, and clients that leave.
 
 Reuse must never change a word: every turn is compared with the same turn against a
 verifier whose prompt reuse is off (prompts cut in the same chunks, see
-server/verifier/invariance.py). States that depend on timing (a generation running, a client gone)
+server/verifier/probe/invariance.py). States that depend on timing (a generation running, a client
+gone)
 are reached through a verifier proxy that holds rounds at a gate, never by waiting."""
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def verifier_without_reuse(verifier_model, prompt_chunk):
 
 
 # A draft model that drafts every round, so that its cache is there to reuse: under `auto`
-# it rests while the verifier advises no draft (drafter/warming.py), and has none.
+# it rests while the verifier advises no draft (drafter/speculative/warming.py), and has none.
 DRAFTING = ("--draft-n", "4")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from server.shared.runtime import BatchEntry, LlamaRuntime
-from server.verifier.vocab_file import vocab_only_gguf
+from server.verifier.decoding.vocab_file import vocab_only_gguf
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from drafter.client import VerifierClient
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
 from server.shared.constraint import GrammarError, Grammars
 from server.shared.protocol import Grammar, PrefillRequest, VerifyRequest
 from server.shared.runtime import LlamaVocab
@@ -183,7 +183,7 @@ def test_tools_defs_of_one_name_stay_apart_in_the_grammar_of_calls(vocab):
     """Two tools' parameters (pydantic's schemas of nested models), each with a `$defs`
     entry `City` of its own shape: the grammar of a call to either takes each tool's
     City where that tool's arguments have one, and never the other's."""
-    from drafter.serve.protocol import ChatCompletionRequest
+    from drafter.serve.chat_api import ChatCompletionRequest
     from drafter.serve.tools import CLOSE, OPEN, tool_grammar
     from tests.fixtures.tool_models import FIND_CITY, PLAN_TRIP
 

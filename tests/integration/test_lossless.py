@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from drafter.cli import app
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.speculative.loop import SpeculativeLoop
 from server.shared.defaults import REPO_ROOT
 from server.shared.protocol import PrefillRequest, SamplingParams
 from tests.conftest import TEST_N_CTX, TEST_THREADS

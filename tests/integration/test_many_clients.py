@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.metrics import Metrics
 from server.shared.protocol import PrefillRequest, VerifyRequest
 from tests.conftest import TEST_THREADS, start_verifier

@@ -1,4 +1,4 @@
-"""Packing on the real model (server/verifier/sessions.py): a sequence copied to another
+"""Packing on the real model (server/verifier/kv/sessions.py): a sequence copied to another
 id answers exactly as it did where it was, first on the runtime, bit for bit, then through
 a real uvicorn whose cached and reused prefixes moved, token for token against the
 reference decoder."""

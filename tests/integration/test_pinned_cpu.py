@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.speculative.loop import SpeculativeLoop
 from server.shared.protocol import PrefillRequest
 from tests.conftest import TEST_THREADS, start_verifier
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-import drafter.loop
+import drafter.speculative.loop
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel
+from drafter.drafters.model import DraftModel
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.local import LocalVerifier
 from scripts.harness.metrics import Metrics
 from scripts.harness.replicas import LocalReplicas, NginxMissing, find_nginx
@@ -87,7 +87,7 @@ def use_session_ids(monkeypatch, ids: list[str]) -> None:
         with lock:
             return uuid.UUID(hex=next(left))
 
-    monkeypatch.setattr(drafter.loop, "uuid", types.SimpleNamespace(uuid4=uuid4))
+    monkeypatch.setattr(drafter.speculative.loop, "uuid", types.SimpleNamespace(uuid4=uuid4))
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from drafter.cli import app
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel, DraftPolicy
+from drafter.drafters.model import DraftModel, DraftPolicy
+from drafter.speculative.loop import SpeculativeLoop
 from scripts.harness.local import free_port
 from scripts.harness.metrics import Metrics
 from scripts.harness.restart import CLIENTS, run_drills

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from drafter.cli import app
 from drafter.client import VerifierClient
-from drafter.loop import SpeculativeLoop
-from drafter.model import DraftModel, DraftPolicy
+from drafter.drafters.model import DraftModel, DraftPolicy
+from drafter.speculative.loop import SpeculativeLoop
 from server.shared.batching import Piece, decode_pieces
 from server.shared.constraint import Grammars
 from server.shared.penalties import adjusted_rows

@@ -13,9 +13,9 @@ import pytest
 
 from server.shared.protocol import PrefillRequest
 from server.shared.runtime import LlamaRuntime
-from server.verifier import invariance
-from server.verifier.decoder import PassDecoder
-from server.verifier.passes import PassShapes
+from server.verifier.decoding.decoder import PassDecoder
+from server.verifier.decoding.passes import PassShapes
+from server.verifier.probe import invariance
 from tests.conftest import ReferenceDecoder, start_verifier
 from tests.fixtures.speculate import speculate
 

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from scripts.harness.metrics import Metrics
-from server.verifier.prompt_cuts import Replies, prompt_tiling, retile_plan
+from server.verifier.kv.prompt_cuts import Replies, prompt_tiling, retile_plan
 
 TEXT = (
     "A verifier keeps one cache per session. When the session ends, its cache stays "

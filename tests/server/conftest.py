@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from server.verifier.app import create_app
+from server.verifier.edge.app import create_app
 from server.verifier.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 

@@ -500,7 +500,7 @@ def test_with_chunks_under_64_rows_reuse_is_exact_on_this_cpu(verifier_model):
     what is new and answers exactly as a server without reuse."""
     from fastapi.testclient import TestClient
 
-    from server.verifier.app import create_app
+    from server.verifier.edge.app import create_app
     from server.verifier.settings import VerifierSettings
     from tests.server.conftest import wait_healthy
 
@@ -590,7 +590,7 @@ def test_the_vocabulary_file_is_built_once_however_many_ask_at_once(client, monk
     file, written once: the build reads the whole model's metadata."""
     import threading
 
-    import server.verifier.service as service
+    import server.verifier.scheduling.service as service
 
     service_state = client.app.state.verifier.service
     monkeypatch.setattr(service_state, "_vocab_file", None)

@@ -114,7 +114,7 @@ def test_the_documented_codes_of_limits_that_no_other_test_names(client, verifie
     too small to be finite, and a loading model (503 with Retry-After, /health 503)."""
     from fastapi.testclient import TestClient
 
-    from server.verifier.app import create_app
+    from server.verifier.edge.app import create_app
     from server.verifier.settings import VerifierSettings
     from tests.server.test_api import assert_error
 

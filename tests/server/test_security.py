@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scripts.harness.metrics import Metrics
-from server.verifier.app import create_app
+from server.verifier.edge.app import create_app
 from server.verifier.settings import VerifierSettings
 from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.server.conftest import wait_healthy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server.shared.draft_gain import Acceptance, expected_tokens
-from server.verifier.advice import (
+from server.verifier.decoding.advice import (
     MAX_FIXED_ROWS,
     Advisor,
     PassCost,

@@ -8,11 +8,13 @@ import logging
 import pytest
 
 from server.shared.api_keys import ApiKeys
-from server.verifier.app import log_auth_state
+from server.verifier.edge.app import log_auth_state
 
 
 def said(caplog) -> list[tuple[int, str]]:
-    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "server.verifier.app"]
+    return [
+        (r.levelno, r.getMessage()) for r in caplog.records if r.name == "server.verifier.edge.app"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -36,11 +38,11 @@ def said(caplog) -> list[tuple[int, str]]:
 )
 def test_the_auth_state_is_logged_once_at_start(monkeypatch, caplog, argv, keys, expected):
     monkeypatch.setattr("sys.argv", argv)
-    logger = logging.getLogger("server.verifier.app")
+    logger = logging.getLogger("server.verifier.edge.app")
     # Caught at the logger itself: the app's own log setup may stop propagation upward.
     logger.addHandler(caplog.handler)
     try:
-        with caplog.at_level(logging.INFO, logger="server.verifier.app"):
+        with caplog.at_level(logging.INFO, logger="server.verifier.edge.app"):
             log_auth_state(ApiKeys(keys), ApiKeys([]))
     finally:
         logger.removeHandler(caplog.handler)
@@ -52,7 +54,7 @@ def test_uvicorns_options_are_read_in_both_forms_and_its_own_sockets_are_not_pro
 ):
     import socket
 
-    from server.verifier.app import address_in_use, uvicorn_option
+    from server.verifier.edge.app import address_in_use, uvicorn_option
 
     monkeypatch.setattr("sys.argv", ["uvicorn", "server.main:app", "--host=0.0.0.0"])
     assert uvicorn_option("--host", "127.0.0.1") == "0.0.0.0"

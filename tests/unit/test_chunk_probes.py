@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from drafter.candidates import Draft
-from drafter.chunk_pace import CHUNK_S_FIRST
-from drafter.draft_length import LinkAwareLength
-from drafter.loop import SpeculativeLoop
+from drafter.length.chunk_pace import CHUNK_S_FIRST
+from drafter.length.draft_length import LinkAwareLength
+from drafter.speculative.candidates import Draft
+from drafter.speculative.loop import SpeculativeLoop
 from server.shared.protocol import RoundTimings, VerifyRequest, VerifyResponse
 from tests.unit.test_loop import ChunkingVerifier, FakeVerifier, NoisyDrafter, run, target_alone
 

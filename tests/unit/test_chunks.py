@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from server.shared.protocol import MAX_CHUNK_TOKENS, VerifyRequest
-from server.verifier.service import VerifierService
+from server.verifier.scheduling.service import VerifierService
 from tests.unit.test_engine_races import (
     MAX_DRAFT,
     assert_consistent,

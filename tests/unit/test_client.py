@@ -229,7 +229,7 @@ def test_a_vocabulary_file_over_the_cap_is_refused_unread(scripted, monkeypatch)
 
 
 def test_a_verifier_of_another_protocol_version_is_refused_saying_so():
-    from drafter.compat import check_protocol
+    from drafter.drafters.compat import check_protocol
     from drafter.errors import DrafterError
     from server.shared.info import InfoResponse
     from server.shared.protocol import PROTOCOL_VERSION

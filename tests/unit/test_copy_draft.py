@@ -1,4 +1,4 @@
-"""Copies inside a chunk (server/verifier/copy_draft.py): the lookup against brute force,
+"""Copies inside a chunk (server/verifier/decoding/copy_draft.py): the lookup against brute force,
 the cost model's call, and on the fake runtime a chunk over a session's repeated text
 that comes in fewer passes with exactly the verifier's own tokens."""
 
@@ -8,8 +8,8 @@ import random
 
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import PrefillRequest, Strategy, VerifyRequest
-from server.verifier.checks import round_key
-from server.verifier.copy_draft import (
+from server.verifier.decoding.checks import round_key
+from server.verifier.decoding.copy_draft import (
     COPY_PRIOR,
     RESYNC_PRIOR,
     RESYNC_SLACK,
@@ -19,7 +19,7 @@ from server.verifier.copy_draft import (
     copy_source,
     resync_source,
 )
-from server.verifier.cycle import CycleStep, Job
+from server.verifier.scheduling.cycle import CycleStep, Job
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine

@@ -4,10 +4,10 @@ futures: each test builds the queue it wants and reads what one step did."""
 from __future__ import annotations
 
 from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
-from server.verifier.checks import round_key
-from server.verifier.cycle import CycleStep, Job, PromptTurns
+from server.verifier.decoding.checks import round_key
+from server.verifier.decoding.jobs import Opened
 from server.verifier.errors import EngineInterrupted, SessionNotFound
-from server.verifier.jobs import Opened
+from server.verifier.scheduling.cycle import CycleStep, Job, PromptTurns
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine

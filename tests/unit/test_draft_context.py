@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from drafter.draft_context import DraftContext, _Decode
+from drafter.drafters.draft_context import DraftContext, _Decode
 from drafter.errors import DraftModelError
 from tests.fixtures.fake_runtime import FakeRuntime
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from drafter.candidates import Draft
-from drafter.ngram import NgramDrafter
-from drafter.round_parts import verify_request
+from drafter.drafters.ngram import NgramDrafter
+from drafter.speculative.candidates import Draft
+from drafter.speculative.round_parts import verify_request
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import VerifyRequest
-from server.verifier.advice import POOL_DECAY
-from server.verifier.checks import round_key
-from server.verifier.cycle import Job
+from server.verifier.decoding.advice import POOL_DECAY
+from server.verifier.decoding.checks import round_key
 from server.verifier.metrics import VerifierMetrics
+from server.verifier.scheduling.cycle import Job
 from tests.fixtures.invariants import check_engine
 from tests.unit.test_cycle import build, open_session
 

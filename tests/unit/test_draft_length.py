@@ -4,11 +4,12 @@ import itertools
 
 import pytest
 
-from drafter.chunk_pace import CHUNK_S_FIRST, CHUNK_S_LAST
-from drafter.draft_length import LinkAwareLength, RoundTiming
-from drafter.length_memory import LengthMemory, RememberingLength
-from drafter.plain_lengths import DoublingLength, FixedLength
+from drafter.length.chunk_pace import CHUNK_S_FIRST, CHUNK_S_LAST
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.length_memory import LengthMemory, RememberingLength
+from drafter.length.plain_lengths import DoublingLength, FixedLength
 from drafter.settings import parse_draft_n
+from drafter.speculative.candidates import RoundTiming
 
 
 def test_fixed_length_never_moves():
@@ -197,7 +198,7 @@ def test_auto_means_the_schedule_that_suits_the_drafter():
     assert isinstance(length(draft_n="auto", drafter="ngram"), DoublingLength)
     assert length(draft_n="auto", drafter="ngram").maximum == 16
     assert length(draft_n=3) == FixedLength(3)
-    # `serve`'s warm-up timing reaches auto, and its slot's memory (drafter/length_memory.py)
+    # `serve`'s warm-up timing reaches auto, and its slot's memory (drafter/length/length_memory.py)
     timed = draft_length(DrafterSettings(draft_n="auto"), info, draft_s_prior=0.03)
     assert timed.draft_s_prior == 0.03
     remembered = draft_length(DrafterSettings(), info, memory=LengthMemory(), draft_s_prior=0.03)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from drafter.draft_rules import DraftRules
+from drafter.drafters.draft_rules import DraftRules
 from server.shared.protocol import SamplingParams
 
 

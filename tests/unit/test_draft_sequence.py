@@ -1,4 +1,4 @@
-"""DraftSequence.warm_up (drafter/draft_sequence.py) on a stand-in context: the passes it
+"""DraftSequence.warm_up (drafter/drafters/draft_sequence.py) on a stand-in context: the passes it
 makes, and a cache left empty whether or not a pass failed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drafter.draft_sequence import WARM_UP_PASSES, DraftSequence
+from drafter.drafters.draft_sequence import WARM_UP_PASSES, DraftSequence
 
 
 class Context:

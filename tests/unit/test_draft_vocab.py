@@ -4,8 +4,8 @@ lacks itself without failing."""
 
 from __future__ import annotations
 
-from drafter.draft_context import DraftContext
-from drafter.model import DraftModel, DraftPolicy
+from drafter.drafters.draft_context import DraftContext
+from drafter.drafters.model import DraftModel, DraftPolicy
 from server.shared.protocol import SamplingParams
 from tests.fixtures.fake_runtime import FakeRuntime
 

@@ -3,9 +3,9 @@ stop leaves whole pieces in the cache, and the next call goes on from there."""
 
 from __future__ import annotations
 
-from drafter.draft_context import DraftContext
-from drafter.model import PIECE_TOKENS, DraftModel
-from drafter.warming import Warming
+from drafter.drafters.draft_context import DraftContext
+from drafter.drafters.model import PIECE_TOKENS, DraftModel
+from drafter.speculative.warming import Warming
 from server.shared.protocol import PrefillRequest
 from tests.fixtures.fake_runtime import FakeRuntime
 

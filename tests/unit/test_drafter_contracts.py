@@ -1,4 +1,5 @@
-"""The drafter's contracts (drafter/candidates.py): every drafter is a `Drafter` and every
+"""The drafter's contracts (drafter/speculative/candidates.py): every drafter is a `Drafter` and
+every
 draft-length policy a `DraftLength`, each hook declared with its default, so the loop asks
 for none by name; a combined drafter forwards every hook to the drafter behind it."""
 
@@ -8,19 +9,26 @@ import ast
 import inspect
 from pathlib import Path
 
-from drafter.candidates import Draft, Drafter, DraftLength
-from drafter.draft_length import LinkAwareLength
-from drafter.history_lookup import HistoryLookup
-from drafter.model import DraftModel
-from drafter.ngram import ModelWithLookup, NgramDrafter
-from drafter.plain_lengths import DoublingLength, FixedLength
-from drafter.suffix import SuffixDrafter
-from drafter.translate import TranslatingDrafter
+from drafter.drafters.history_lookup import HistoryLookup
+from drafter.drafters.model import DraftModel
+from drafter.drafters.ngram import ModelWithLookup, NgramDrafter
+from drafter.drafters.suffix import SuffixDrafter
+from drafter.drafters.translate import TranslatingDrafter
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.plain_lengths import DoublingLength, FixedLength
+from drafter.speculative.candidates import Draft, Drafter, DraftLength
 from server.shared.protocol import PrefillRequest, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = [n for n, v in vars(Drafter).items() if callable(v) and not n.startswith("_")]
-LOOP_MODULES = ["loop", "warming", "speculation", "draft_readiness", "ngram", "runner"]
+LOOP_MODULES = [
+    "speculative/loop",
+    "speculative/warming",
+    "speculative/speculation",
+    "speculative/draft_readiness",
+    "drafters/ngram",
+    "runner",
+]
 
 
 def test_every_drafter_and_length_stands_on_its_contract():

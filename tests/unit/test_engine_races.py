@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from server.shared.protocol import PrefillRequest, SamplingParams, VerifyRequest
-from server.verifier import rounds as rounds_module
-from server.verifier.engine import Engine, engine_info
+from server.verifier.decoding import rounds as rounds_module
+from server.verifier.decoding.engine import Engine, engine_info
 from server.verifier.errors import (
     DecodeFailed,
     EngineInterrupted,
@@ -30,7 +30,7 @@ from server.verifier.errors import (
     SessionNotFound,
 )
 from server.verifier.metrics import VerifierMetrics
-from server.verifier.scheduler import BatchScheduler
+from server.verifier.scheduling.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import core_settings, make_engine, prefilled, stepped_scheduler
@@ -596,7 +596,7 @@ def test_the_probe_leaves_its_sequences_empty():
 
 
 def test_compare_reports_the_largest_difference():
-    from server.verifier.round_probe import compare
+    from server.verifier.probe.round_probe import compare
 
     reference = np.zeros((3, 4), dtype=np.float32)
     same = reference.copy()

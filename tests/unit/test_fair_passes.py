@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.verifier.checks import round_key
-from server.verifier.cycle import CycleStep, Job
+from server.verifier.decoding.checks import round_key
+from server.verifier.scheduling.cycle import CycleStep, Job
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine

@@ -8,7 +8,7 @@ import threading
 
 from server.shared.protocol import GenerateRequest, PrefillRequest, VerifyRequest
 from server.verifier.errors import ServerFull
-from server.verifier.service import TEXTS_PER_KEY, VerifierService
+from server.verifier.scheduling.service import TEXTS_PER_KEY, VerifierService
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent

@@ -1,4 +1,4 @@
-"""Holding rounds for the sessions a pass just answered (server/verifier/gather.py): the
+"""Holding rounds for the sessions a pass just answered (server/verifier/scheduling/gather.py): the
 rule on a clock the tests move, then the scheduler's engine thread on a frozen clock, so
 that whether a pass waits is decided by arrivals, never by how long anything takes."""
 
@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.gather import (
+from server.verifier.metrics import VerifierMetrics
+from server.verifier.scheduling.gather import (
     FORGET_AFTER_S,
     FORGIVE_AFTER,
     HOLD_SHARE,
@@ -19,8 +20,7 @@ from server.verifier.gather import (
     RETURN_SLACK,
     Gatherer,
 )
-from server.verifier.metrics import VerifierMetrics
-from server.verifier.scheduler import BatchScheduler
+from server.verifier.scheduling.scheduler import BatchScheduler
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.stepped import core_settings, make_engine, prefilled
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from server.verifier.edge.security import ApiKeys, GuardMiddleware
 from server.verifier.paths import route_path
-from server.verifier.security import ApiKeys, GuardMiddleware
 
 
 async def ok(scope, receive, send) -> None:

@@ -1,4 +1,5 @@
-"""`--drafter model+history` (drafter/history_lookup.py): the suffix drafter over the user's
+"""`--drafter model+history` (drafter/drafters/history_lookup.py): the suffix drafter over the
+user's
 history alone, where the session's own text has no repeat the verifier copies, on a long
 match; checked against a brute-force search, and one user's history never drafts for
 another's."""
@@ -11,11 +12,11 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drafter.history_lookup import HistoryLookup
-from drafter.ngram import ModelWithLookup
+from drafter.drafters.history_lookup import HistoryLookup
+from drafter.drafters.ngram import ModelWithLookup
+from drafter.drafters.suffix import SuffixHistory, SuffixRules, suffix_chain
 from drafter.runner import candidate_generator, draft_length, user_history
 from drafter.settings import DrafterSettings
-from drafter.suffix import SuffixHistory, SuffixRules, suffix_chain
 from server.shared.info import InfoResponse
 from tests.unit.test_suffix import TOKENS, match_length
 

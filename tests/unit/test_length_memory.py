@@ -1,12 +1,13 @@
-"""`auto` across a `serve` slot's generations (drafter/length_memory.py): what one
+"""`auto` across a `serve` slot's generations (drafter/length/length_memory.py): what one
 generation measured (drafting slower than chunks here) the next starts from, instead of
 drafting again until it has measured the same; the acceptance starts afresh."""
 
 from __future__ import annotations
 
-from drafter.draft_length import LinkAwareLength, RoundTiming
-from drafter.length_memory import LengthMemory, RememberingLength
-from drafter.measured_rate import AHEAD_PRIOR
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.length_memory import LengthMemory, RememberingLength
+from drafter.length.measured_rate import AHEAD_PRIOR
+from drafter.speculative.candidates import RoundTiming
 
 
 def generation(length: LinkAwareLength, rounds: int) -> list[int]:

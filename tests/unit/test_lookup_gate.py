@@ -5,13 +5,13 @@ only as the fake verifier says, so every rate measured is fixed."""
 
 from collections.abc import Sequence
 
-from drafter.candidates import Draft, Drafter
-from drafter.draft_length import LinkAwareLength
-from drafter.draft_readiness import catches_up
-from drafter.lookup_gate import MIN_LOOKUP_TOKENS, REST_FIRST, LookupGate
-from drafter.loop import SpeculativeLoop
-from drafter.ngram import ModelWithLookup
-from drafter.warming import Warming
+from drafter.drafters.ngram import ModelWithLookup
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.lookup_gate import MIN_LOOKUP_TOKENS, REST_FIRST, LookupGate
+from drafter.speculative.candidates import Draft, Drafter
+from drafter.speculative.draft_readiness import catches_up
+from drafter.speculative.loop import SpeculativeLoop
+from drafter.speculative.warming import Warming
 from tests.unit.test_chunk_probes import Clock, TimedDrafter, TimedVerifier
 from tests.unit.test_loop import FakeVerifier, run, target_alone
 

@@ -13,10 +13,10 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from drafter.candidates import Draft, Drafter
-from drafter.loop import _as_verified
-from drafter.ngram import ModelWithLookup
-from drafter.suffix import MATCH_PRIOR, MatchAcceptance, SuffixDrafter, SuffixHistory
+from drafter.drafters.ngram import ModelWithLookup
+from drafter.drafters.suffix import MATCH_PRIOR, MatchAcceptance, SuffixDrafter, SuffixHistory
+from drafter.speculative.candidates import Draft, Drafter
+from drafter.speculative.loop import _as_verified
 from server.shared.protocol import (
     PrefillRequest,
     RoundTimings,
@@ -24,10 +24,10 @@ from server.shared.protocol import (
     VerifyRequest,
     VerifyResponse,
 )
-from server.verifier.checks import round_key
-from server.verifier.copy_draft import ChunkCopier
-from server.verifier.cycle import CycleStep, Job
+from server.verifier.decoding.checks import round_key
+from server.verifier.decoding.copy_draft import ChunkCopier
 from server.verifier.errors import DraftTooLong
+from server.verifier.scheduling.cycle import CycleStep, Job
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from drafter.candidates import Draft, Drafter
-from drafter.chunk_pace import CHUNK_S_FIRST
-from drafter.draft_length import LinkAwareLength
 from drafter.errors import VerifierRejected
-from drafter.loop import SpeculativeLoop
-from drafter.plain_lengths import FixedLength
+from drafter.length.chunk_pace import CHUNK_S_FIRST
+from drafter.length.draft_length import LinkAwareLength
+from drafter.length.plain_lengths import FixedLength
+from drafter.speculative.candidates import Draft, Drafter
+from drafter.speculative.loop import SpeculativeLoop
 from server.shared.acceptance import accept_greedy
 from server.shared.protocol import (
     SESSION_ID_PATTERN,

@@ -13,10 +13,10 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from server.verifier.cycle import CycleStep, Job
+from server.verifier.decoding.rounds import grammar_step
 from server.verifier.errors import InvalidGrammar, ServerFull
-from server.verifier.keyed_pool import GRAMMAR_NICE, KeyedPool
-from server.verifier.rounds import grammar_step
+from server.verifier.scheduling.cycle import CycleStep, Job
+from server.verifier.scheduling.keyed_pool import GRAMMAR_NICE, KeyedPool
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from drafter.candidates import Drafter
-from drafter.ngram import ModelWithLookup, NgramDrafter, lookup
+from drafter.drafters.ngram import ModelWithLookup, NgramDrafter, lookup
+from drafter.speculative.candidates import Drafter
 
 
 def test_the_tokens_after_the_earlier_occurrence_of_the_suffix():

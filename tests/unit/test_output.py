@@ -1,9 +1,9 @@
 import json
 
-from drafter.loop import RoundEvent, SpeculativeResult
+from drafter.drafters.text import TextDecoder, complete_text
 from drafter.output import BaselineResult, JsonRenderer, speedup
-from drafter.stats import GenerationStats
-from drafter.text import TextDecoder, complete_text
+from drafter.speculative.loop import RoundEvent, SpeculativeResult
+from drafter.speculative.stats import GenerationStats
 
 PIECES = {1: b"h", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b" ok"}
 

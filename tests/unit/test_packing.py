@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from server.verifier.engine import Engine
-from server.verifier.passes import plan_passes
+from server.verifier.decoding.engine import Engine
+from server.verifier.decoding.passes import plan_passes
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_table
 from tests.fixtures.stepped import make_engine

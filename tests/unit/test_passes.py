@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server.shared.batching import forward_passes
-from server.verifier.passes import PassPlan, plan_passes, plan_pinned
+from server.verifier.decoding.passes import PassPlan, plan_passes, plan_pinned
 
 
 def rows_in_order(plan_rows: dict[int, int]) -> list[int]:

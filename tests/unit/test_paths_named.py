@@ -1,7 +1,8 @@
 """Every repository path named in the code, the tests, the scripts and the docs exists.
 
 A comment or a doc that names a file that has moved or gone sends its reader nowhere.
-Paths are found as the docs write them: from a top-level folder (`server/verifier/cycle.py`,
+Paths are found as the docs write them: from a top-level folder
+(`server/verifier/scheduling/cycle.py`,
 `docs/numerics.md`), or a module's bare file name (`gather.py`), which must be some
 file's name in the repository. Model files (`*.gguf`) are made by setup, not kept.
 """

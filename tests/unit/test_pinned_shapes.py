@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import engine_info
+from server.verifier.decoding.engine import engine_info
 from tests.fixtures.fake_runtime import FakeRuntime, same_head, switches_by_rows
 from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent

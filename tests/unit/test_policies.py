@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from server.verifier.admission import QueueShare
-from server.verifier.eviction import Eviction
-from server.verifier.packing import Packing, runs_added
-from server.verifier.prefix_reuse import CachedPrefix, PrefixReuse
+from server.verifier.kv.eviction import Eviction
+from server.verifier.kv.packing import Packing, runs_added
+from server.verifier.kv.prefix_reuse import CachedPrefix, PrefixReuse
+from server.verifier.scheduling.admission import QueueShare
 
 # -- admission ------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine, engine_info
+from server.verifier.decoding.engine import Engine, engine_info
 from tests.fixtures.fake_runtime import FakeRuntime, switches_by_rows
 from tests.fixtures.stepped import make_engine, prefilled, stepped_scheduler
 from tests.unit.test_engine_races import assert_consistent

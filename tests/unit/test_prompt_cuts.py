@@ -1,4 +1,4 @@
-"""Tiled prompts (server/verifier/prompt_cuts.py): the cut rules against brute force, and
+"""Tiled prompts (server/verifier/kv/prompt_cuts.py): the cut rules against brute force, and
 on the fake runtime with kernels that change from TILE rows of a sequence on, a prompt
 that answers the same cold, reused, evaluated again while idle, and reopened; a chat's
 next turn, sent at once, keeping its earlier answers."""
@@ -9,8 +9,8 @@ import itertools
 import random
 
 from server.shared.protocol import PrefillRequest, VerifyRequest
-from server.verifier.engine import Engine, engine_info
-from server.verifier.prompt_cuts import (
+from server.verifier.decoding.engine import Engine, engine_info
+from server.verifier.kv.prompt_cuts import (
     PromptCuts,
     Replies,
     next_piece,
@@ -320,7 +320,7 @@ def test_while_rounds_wait_a_prompts_tiled_part_goes_two_tiles_a_pass_and_answer
     """A prompt with the verifier to itself takes passes as long as n_batch; while a
     session's rounds wait, two tiles a pass (the rounds come back sooner). The cuts
     change nothing: the prompt answers as cold either way."""
-    from server.verifier.cycle import CycleStep, Job
+    from server.verifier.scheduling.cycle import CycleStep, Job
     from tests.unit.test_cycle import round_job
 
     runtime = FakeRuntime(

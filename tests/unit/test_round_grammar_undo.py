@@ -10,9 +10,9 @@ import pytest
 
 from server.shared.protocol import SamplingParams, Strategy
 from server.shared.sampling import PositionDraws
-from server.verifier.jobs import VerifyWork
-from server.verifier.rounds import finish_round
-from server.verifier.sessions import Session
+from server.verifier.decoding.jobs import VerifyWork
+from server.verifier.decoding.rounds import finish_round
+from server.verifier.kv.sessions import Session
 
 
 class Recorded:

@@ -53,7 +53,7 @@ def test_the_verifier_decodes_a_lone_row_with_one_thread_unless_a_gpu_runs_it(
     tmp_path, n_gpu_layers, on_gpu
 ):
     from server.shared.runtime import supports_gpu_offload
-    from server.verifier.loading import single_row_threads
+    from server.verifier.decoding.loading import single_row_threads
     from server.verifier.settings import VerifierSettings
 
     settings = VerifierSettings(

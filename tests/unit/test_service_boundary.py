@@ -1,4 +1,4 @@
-"""The verifier's service is the one boundary (server/verifier/service.py): the routes
+"""The verifier's service is the one boundary (server/verifier/scheduling/service.py): the routes
 and the fast path reach the engine only through it, and the text pool runs only what
 reads the vocabulary (`Engine.tokenize`, `Engine.detokenize`), never what touches a
 session, which is the engine thread's. Read from the source, so that a change that
@@ -19,13 +19,16 @@ def attributes(path: Path) -> set[str]:
 
 
 def test_routes_and_the_fast_path_call_the_service_only():
-    for path in [*sorted((VERIFIER / "routes").glob("*.py")), VERIFIER / "round_path.py"]:
+    for path in [
+        *sorted((VERIFIER / "edge" / "routes").glob("*.py")),
+        VERIFIER / "edge" / "round_path.py",
+    ]:
         reached = attributes(path) & {"engine", "runtime", "sessions", "scheduler", "grammars"}
         assert not reached, f"{path.relative_to(ROOT)} reaches past the service: {reached}"
 
 
 def test_the_text_pool_runs_only_what_reads_the_vocabulary():
-    tree = ast.parse((VERIFIER / "service.py").read_text())
+    tree = ast.parse((VERIFIER / "scheduling" / "service.py").read_text())
     calls = [
         node
         for node in ast.walk(tree)
@@ -41,7 +44,7 @@ def test_the_text_pool_runs_only_what_reads_the_vocabulary():
 
 
 def test_the_engine_says_which_of_its_methods_are_safe_on_any_thread():
-    source = (VERIFIER / "engine.py").read_text()
+    source = (VERIFIER / "decoding" / "engine.py").read_text()
     tree = ast.parse(source)
     engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
     methods = {n.name: n for n in engine.body if isinstance(n, ast.FunctionDef)}
@@ -58,8 +61,8 @@ def attributes_of(node: ast.AST) -> set[str]:
 def test_the_service_never_touches_sessions_or_hands_the_engine_thread_a_function():
     """Sessions are the engine thread's: the service ends one through the scheduler's
     `end`, which says what runs there, never with a function of its own over them."""
-    tree = ast.parse((VERIFIER / "service.py").read_text())
-    assert "sessions" not in attributes(VERIFIER / "service.py")
+    tree = ast.parse((VERIFIER / "scheduling" / "service.py").read_text())
+    assert "sessions" not in attributes(VERIFIER / "scheduling" / "service.py")
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)
                 and "scheduler" in ast.unparse(n)]  # fmt: skip
     scheduler_calls = {

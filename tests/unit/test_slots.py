@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from drafter.serve.chat_api import CompletionRequest
 from drafter.serve.prompts import Prompted
-from drafter.serve.protocol import CompletionRequest
 from drafter.serve.replies import Choice, Started, begin_choice
 from drafter.serve.slots import GenerationSlot, QueueFull, SlotPool, best_slot
 from server.shared.prefix import common_prefix_len

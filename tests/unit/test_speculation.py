@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from drafter.candidates import Draft, Drafter
-from drafter.loop import SpeculativeLoop
-from drafter.speculation import SpeculationCache
+from drafter.speculative.candidates import Draft, Drafter
+from drafter.speculative.loop import SpeculativeLoop
+from drafter.speculative.speculation import SpeculationCache
 from tests.unit.test_loop import FakeVerifier, GatedVerifier, NoisyDrafter, run, target_alone
 
 

@@ -1,4 +1,4 @@
-"""The suffix drafter (drafter/suffix.py) against a brute-force search of every position
+"""The suffix drafter (drafter/drafters/suffix.py) against a brute-force search of every position
 of every text: the same longest match, the same occurrences voting, the same chain; its
 history bounded in tokens, oldest texts evicted first; one user's history never drafts
 for another's."""
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from drafter.drafters.suffix import SuffixDrafter, SuffixHistory, SuffixRules
 from drafter.errors import DrafterError
 from drafter.runner import user_history
 from drafter.settings import DrafterSettings
-from drafter.suffix import SuffixDrafter, SuffixHistory, SuffixRules
 
 TOKENS = st.lists(st.integers(0, 3), max_size=40)  # a small alphabet: many matches
 

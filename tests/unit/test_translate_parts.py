@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from drafter.translate import cached_vocab_file
+from drafter.drafters.translate import cached_vocab_file
 
 
 def test_the_vocabulary_file_is_fetched_once_per_hash(tmp_path, monkeypatch):
-    import drafter.translate
+    import drafter.drafters.translate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     checked: list[str] = []
@@ -23,7 +23,7 @@ def test_the_vocabulary_file_is_fetched_once_per_hash(tmp_path, monkeypatch):
         assert path.suffix == ".part"
         return Loaded()
 
-    monkeypatch.setattr(drafter.translate, "vocab_matches", vocab_matches)
+    monkeypatch.setattr(drafter.drafters.translate, "vocab_matches", vocab_matches)
     fetched: list[str] = []
 
     def fetch() -> bytes:

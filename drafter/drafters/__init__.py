@@ -1,0 +1,1 @@
+"""The drafters: the draft model, prompt lookup, the user's history, drafting through text."""

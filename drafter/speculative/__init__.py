@@ -1,0 +1,2 @@
+"""The speculative loop: its rounds, its contracts with drafters, drafts made while a round is
+out."""

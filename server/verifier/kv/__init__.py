@@ -1,0 +1,2 @@
+"""Sessions and the KV cache: which session holds which sequence, prefix reuse, where prompts are
+cut."""
