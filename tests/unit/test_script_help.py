@@ -29,6 +29,7 @@ COMMANDS = [
     ["replicas.py"],
     ["replicas.py", "up"],
     ["replicas.py", "config"],
+    ["render_runs.py"],
     ["verify_latency.py"],
 ]
 SECTIONS = ("positional arguments:", "options:")
