@@ -37,7 +37,7 @@ def _flag(name: str, *decls: str, default_text: str | None = None) -> Any:
     )
     if isinstance(default, Path) and default.is_relative_to(REPO_ROOT):
         shown = str(default.relative_to(REPO_ROOT))  # the models/ folder of this checkout
-    help_text = field.description + (f"  [default: {shown}]" if shown else "")
+    help_text = (field.description or "") + (f"  [default: {shown}]" if shown else "")
     return typer.Option(*(decls or (f"--{name.replace('_', '-')}",)), help=help_text)
 
 

@@ -86,15 +86,20 @@ class TextRenderer:
     def start(self, token_bytes: Callable[[int], bytes]) -> None:
         self._decoder = TextDecoder(token_bytes)
 
+    @property
+    def _started(self) -> TextDecoder:
+        assert self._decoder is not None, "start() comes first"
+        return self._decoder
+
     def _end_text(self) -> None:
         if self._mid_text:
-            self.console.print(self._decoder.flush())
+            self.console.print(self._started.flush())
             self._mid_text = False
 
     def round(self, event: RoundEvent) -> None:
         text = Text()
-        text.append(self._decoder.feed(event.tokens[: event.accepted_prefix_len]), ACCEPTED_STYLE)
-        text.append(self._decoder.feed(event.tokens[event.accepted_prefix_len :]), TARGET_STYLE)
+        text.append(self._started.feed(event.tokens[: event.accepted_prefix_len]), ACCEPTED_STYLE)
+        text.append(self._started.feed(event.tokens[event.accepted_prefix_len :]), TARGET_STYLE)
         self.console.print(text, end="")
         self._mid_text = True
 
@@ -179,11 +184,16 @@ class JsonRenderer:
     def start(self, token_bytes: Callable[[int], bytes]) -> None:
         self._decoder = TextDecoder(token_bytes)
 
+    @property
+    def _started(self) -> TextDecoder:
+        assert self._decoder is not None, "start() comes first"
+        return self._decoder
+
     def round(self, event: RoundEvent) -> None:
-        self._text.append(self._decoder.feed(event.tokens))
+        self._text.append(self._started.feed(event.tokens))
 
     def finish(self, result: SpeculativeResult, baseline: BaselineResult | None) -> None:
-        self._text.append(self._decoder.flush())
+        self._text.append(self._started.flush())
         out: dict[str, object] = {
             "prompt_ids": result.prompt_ids,
             "tokens": result.tokens,

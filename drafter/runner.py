@@ -21,6 +21,7 @@ from drafter.length.length_memory import LengthMemory, RememberingLength
 from drafter.length.lookup_gate import LookupGate
 from drafter.length.plain_lengths import DoublingLength, FixedLength
 from drafter.output import BaselineResult
+from drafter.request_options import RequestOptions
 from drafter.settings import (
     LOOKUPS,
     MODEL_WITH_LOOKUP,
@@ -32,7 +33,7 @@ from drafter.settings import (
 from drafter.speculative.candidates import Drafter, DraftLength
 from drafter.speculative.loop import RoundEvent, SpeculativeLoop, SpeculativeResult
 from server.shared.info import InfoResponse
-from server.shared.protocol import GenerateRequest, PrefillRequest, SamplingParams, Strategy
+from server.shared.protocol import GenerateRequest, PromptInput, SamplingParams, Strategy
 from server.shared.runtime import LlamaError, LlamaVocab
 
 # What `auto` drafts with a seed (a fixed length, so that the run repeats).
@@ -124,24 +125,19 @@ def load_verifier_vocab(client: VerifierClient, info: InfoResponse) -> LlamaVoca
         raise DrafterError(f"the verifier's vocabulary file is not usable: {exc}") from exc
 
 
-def prompt_request(vocab: LlamaVocab, settings: DrafterSettings) -> PrefillRequest:
-    """The prefill of --prompt; with --chat, through `vocab`'s chat template (the
+def prompt_input(vocab: LlamaVocab, settings: DrafterSettings) -> PromptInput:
+    """--prompt as the verifier gets it; with --chat, through `vocab`'s chat template (the
     verifier's own where the drafter's tokenizer is another)."""
+    assert settings.prompt is not None, "the CLI asks for --prompt before it runs"
     prompt, add_bos = settings.prompt, True
     if settings.chat:
-        prompt = vocab.chat_prompt(settings.prompt, settings.system)
+        prompt = vocab.chat_prompt(prompt, settings.system)
         # Some templates write the BOS text themselves; another would change the prompt.
         add_bos = not vocab.starts_with_bos(prompt)
-    return PrefillRequest(
-        prompt=prompt,
-        add_bos=add_bos,
-        sampling=settings.sampling,
-        strategy=settings.strategy,
-        threshold=settings.threshold,
-    )
+    return PromptInput(prompt=prompt, add_bos=add_bos)
 
 
-def check_prompt_fits(vocab: LlamaVocab, request: PrefillRequest, info: InfoResponse) -> None:
+def check_prompt_fits(vocab: LlamaVocab, request: PromptInput, info: InfoResponse) -> None:
     """Refused here, before anything is decoded on either side: a prompt the verifier's
     context cannot hold with at least one new token."""
     n = len(vocab.tokenize(request.prompt or "", add_special=request.add_bos))
@@ -152,13 +148,13 @@ def check_prompt_fits(vocab: LlamaVocab, request: PrefillRequest, info: InfoResp
         )
 
 
-def draft_policy(settings: DrafterSettings) -> DraftPolicy:
+def draft_policy(settings: DrafterSettings, options: RequestOptions) -> DraftPolicy:
     """Rejection sampling needs drafts drawn from q; for greedy, match and threshold the
     drafter's argmax is the draft most likely to be accepted."""
-    seed = settings.sampling.seed
+    seed = options.seed
     return DraftPolicy(
-        sampling=settings.sampling,
-        sample_drafts=settings.effective_strategy == Strategy.rejection,
+        sampling=options.sampling,
+        sample_drafts=options.effective_strategy == Strategy.rejection,
         # A stream of its own, unlike the verifier's, but fixed by the same seed.
         seed=None if seed is None else seed + 1,
         p_min=settings.p_min,
@@ -168,6 +164,7 @@ def draft_policy(settings: DrafterSettings) -> DraftPolicy:
 def candidate_generator(
     model: DraftModel,
     settings: DrafterSettings,
+    options: RequestOptions,
     target: LlamaVocab | None = None,
     history: SuffixHistory | None = None,
     sized: bool = False,
@@ -182,14 +179,14 @@ def candidate_generator(
     drafter = model if target is None else TranslatingDrafter(model, target)
     if settings.drafter == DrafterKind.model:
         return drafter
-    if settings.sampling.seed is not None:
+    if options.seed is not None:
         # The same seed gives the same text: a draft decides how a round's draws fall,
         # so none may come from what ran before (the history starts empty, as the
         # model's sequence does: drafter/serve/backend.py), nor be cut by the verifier's
         # measured times (a lookup is verified whole).
         history, sized = None, False
     # A lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
-    sampled = settings.effective_strategy == Strategy.rejection
+    sampled = options.effective_strategy == Strategy.rejection
     n_vocab = model.target_n_vocab if target is None else target.n_vocab
     if settings.drafter == DrafterKind.model_history:
         # The verifier copies only where a draft is judged without its probabilities.
@@ -216,6 +213,7 @@ def user_history(settings: DrafterSettings) -> SuffixHistory | None:
 
 def draft_length(
     settings: DrafterSettings,
+    options: RequestOptions,
     info: InfoResponse,
     watched: bool = True,
     memory: LengthMemory | None = None,
@@ -231,9 +229,9 @@ def draft_length(
         return FixedLength(settings.draft_n, max_chunk=info.max_chunk_tokens, watched=watched)
     if settings.drafter in LOOKUPS:
         # Chunks are paced by measured times, and a seeded run must repeat: a token a round.
-        seeded = settings.sampling.seed is not None
+        seeded = options.seed is not None
         return DoublingLength(info.max_draft, max_chunk=1 if seeded else info.max_chunk_tokens)
-    if settings.sampling.seed is not None:
+    if options.seed is not None:
         # The length decides how many random draws a round takes on both sides, and the
         # cost model follows measured times, which vary: a seeded run must repeat.
         return FixedLength(min(SEEDED_DRAFT_N, info.max_draft))
@@ -241,15 +239,27 @@ def draft_length(
     # paced as a watched generation's, so that a copied span is found soon. Not the
     # history's alone: the session's own repeats, the most of them, the verifier copies.
     watched = watched or settings.drafter in MODEL_WITH_LOOKUP - {DrafterKind.model_history}
-    limits = {
-        "maximum": info.max_draft,
-        "max_chunk": info.max_chunk_tokens,
-        "watched": watched,
-        "draft_s_prior": draft_s_prior,
-    }
+    maximum, max_chunk = info.max_draft, info.max_chunk_tokens
     if memory is not None:
-        return RememberingLength(**limits, memory=memory)
-    return LinkAwareLength(**limits)
+        return RememberingLength(
+            maximum=maximum, max_chunk=max_chunk, watched=watched,
+            draft_s_prior=draft_s_prior, memory=memory,
+        )  # fmt: skip
+    return LinkAwareLength(
+        maximum=maximum, max_chunk=max_chunk, watched=watched, draft_s_prior=draft_s_prior
+    )
+
+
+def pipelined(settings: DrafterSettings, options: RequestOptions) -> bool:
+    """Pipelining overlaps model drafting with the round trip: nothing to overlap for
+    n-gram drafts. As the request says, else as --pipeline says; off by default for seeded
+    sampling: how far it drafts ahead depends on timing, and so would the drafter's random
+    draws, and the output."""
+    if options.pipeline is not None:
+        return options.pipeline
+    if settings.pipeline is not None:
+        return settings.pipeline
+    return settings.drafter not in LOOKUPS and not options.seeded_sampling
 
 
 def speculative_loop(
@@ -257,23 +267,27 @@ def speculative_loop(
     client: VerifierClient,
     info: InfoResponse,
     settings: DrafterSettings,
+    options: RequestOptions,
     target: LlamaVocab | None = None,
     watched: bool = True,
     history: SuffixHistory | None = None,
     memory: LengthMemory | None = None,
 ) -> SpeculativeLoop:
-    model.configure(draft_policy(settings))
-    length = draft_length(settings, info, watched, memory, model.context.draft_token_s)
+    """The loop for one generation: its request's `options` (what it drafts by), the
+    process's `settings` (who drafts, how long, how far ahead). Run it with
+    `options.prefill(prompt)` and `options.max_tokens`."""
+    model.configure(draft_policy(settings, options))
+    length = draft_length(settings, options, info, watched, memory, model.context.draft_token_s)
     # Where `auto` has the model step aside, a lookup's free drafts may still pay.
     gated = isinstance(length, LinkAwareLength) and settings.drafter in MODEL_WITH_LOOKUP
     return SpeculativeLoop(
         candidate_generator(
-            model, settings, target, history, info.lookup_sizing, info.chunk_copy_ngram
+            model, settings, options, target, history, info.lookup_sizing, info.chunk_copy_ngram
         ),
         client,
         draft_n=length,
         n_ctx=info.n_ctx,
-        pipeline=settings.use_pipeline,
+        pipeline=pipelined(settings, options),
         branches=settings.branches,
         vocab=model.vocab_relation,
         lookups=LookupGate(info.max_draft, sized=info.lookup_sizing) if gated else None,
@@ -307,7 +321,7 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
     with connect(settings) as client:
         renderer.status(f"verifier {settings.server}; loading {settings.model.name}")
         model, info, note = load_checked_drafter(client, settings, translate=settings.translate)
-        target = None
+        target, options = None, settings.request_options()
         try:
             renderer.status(
                 f"draft model on {draft_where(model)}; verifier on {verifier_where(info)}"
@@ -316,7 +330,7 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
                 renderer.status(note)
             if model.vocab_relation == "translated":
                 target = load_verifier_vocab(client, info)
-                if settings.effective_strategy == Strategy.rejection:
+                if options.effective_strategy == Strategy.rejection:
                     # q over the drafter's vocabulary is not a distribution over the
                     # verifier's tokens: `match` is lossless without one.
                     renderer.status(
@@ -324,15 +338,17 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
                         "verifier's tokens, which another tokenizer cannot give: verifying "
                         "with --strategy match instead (lossless too)"
                     )
-                    settings = settings.model_copy(update={"strategy": Strategy.match})
-            request = prompt_request(target or model.runtime, settings)
-            check_prompt_fits(target or model.runtime, request, info)
+                    options = options.through_text()
+            prompt = prompt_input(target or model.runtime, settings)
+            check_prompt_fits(target or model.runtime, prompt, info)
             # Text on a terminal is read as it comes; JSON only once it is whole.
             watched = settings.output == OutputFormat.text
             history = user_history(settings)
-            loop = speculative_loop(model, client, info, settings, target, watched, history)
+            loop = speculative_loop(
+                model, client, info, settings, options, target, watched, history
+            )
             renderer.start((target or model).token_bytes)
-            rounds = loop.run(request, settings.max_tokens)
+            rounds = loop.run(options.prefill(prompt), options.max_tokens)
             try:
                 for event in rounds:
                     renderer.round(event)
@@ -346,7 +362,7 @@ def run(settings: DrafterSettings, renderer: Renderer) -> SpeculativeResult:
             if settings.baseline:
                 renderer.status("measuring the verifier alone on the same prompt (/generate)")
                 baseline = measure_baseline(
-                    client, result.prompt_ids, settings.max_tokens, settings.sampling
+                    client, result.prompt_ids, options.max_tokens, options.sampling
                 )
             renderer.finish(result, baseline)
             return result

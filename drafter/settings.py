@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from drafter.request_options import RequestOptions
 from server.shared.defaults import DEFAULT_DRAFTER_MODEL
-from server.shared.protocol import MAX_DRAFT_SCHEMA, SamplingParams, Strategy, strategy_for
+from server.shared.protocol import MAX_DRAFT_SCHEMA, SamplingParams, Strategy
 from server.shared.strict import unknown_variables
 
 ENV_PREFIX = "DRAFTER_"
@@ -264,25 +265,18 @@ class DrafterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _sampling_is_valid(self) -> DrafterSettings:
-        self.sampling  # noqa: B018 - raises a ValidationError naming the bad value
+        self.request_options()  # raises a ValidationError naming the bad value
         return self
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+    def request_options(self) -> RequestOptions:
+        """The one generation's options these settings say (the CLI's; `serve` makes
+        each request's own from the request: RequestOptions.for_request)."""
+        return RequestOptions(
+            sampling=SamplingParams(
+                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed
+            ),
+            strategy=self.strategy,
+            threshold=self.threshold,
+            max_tokens=self.max_tokens,
+            pipeline=self.pipeline,
         )
-
-    @property
-    def effective_strategy(self) -> Strategy:
-        return strategy_for(self.strategy, self.sampling)
-
-    @property
-    def use_pipeline(self) -> bool:
-        """Pipelining overlaps model drafting with the round trip: nothing to overlap for
-        n-gram drafts. Off by default for seeded sampling: how far it drafts ahead
-        depends on timing, and so would the drafter's random draws, and the output."""
-        if self.pipeline is not None:
-            return self.pipeline
-        seeded_sampling = self.sampling.seed is not None and not self.sampling.greedy
-        return self.drafter not in LOOKUPS and not seeded_sampling

@@ -10,5 +10,7 @@ echo "[test] ruff"
 .venv/bin/ruff format --check .
 echo "[test] import contracts (pyproject.toml, [tool.importlinter])"
 .venv/bin/lint-imports
+echo "[test] types (mypy, [tool.mypy] in pyproject.toml)"
+.venv/bin/mypy
 echo "[test] pytest"
 .venv/bin/python -m pytest "$@"

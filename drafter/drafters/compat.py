@@ -24,19 +24,6 @@ def check_protocol(info: InfoResponse) -> None:
         )
 
 
-def verifier_vocab_facts(info: InfoResponse) -> VocabFacts:
-    return VocabFacts(
-        type=info.vocab_type,
-        n_vocab=info.n_vocab,
-        bos_id=info.bos_id,
-        eos_id=info.eos_id,
-        add_bos=info.add_bos,
-        add_eos=info.add_eos,
-        hash=info.vocab_hash,
-        text_hashes=info.vocab_text_hashes,
-    )
-
-
 def check_vocabulary(
     info: InfoResponse,
     drafter: VocabFacts,
@@ -49,18 +36,19 @@ def check_vocabulary(
     or "translated" (through text) where `translate` allows it (None: not offered here);
     with a sentence naming both models and why, when they are not the same. Otherwise
     VocabularyMismatch."""
+    verifier = info.vocabulary()
     pair = (
         f"the drafter model '{drafter_name}' ({drafter_path.name}, {drafter.n_vocab} tokens, "
         f"vocab hash {drafter.hash[:12]}) and the verifier model '{info.model}' "
-        f"({Path(info.model_path).name}, {info.n_vocab} tokens, vocab hash "
-        f"{info.vocab_hash[:12]})"
+        f"({Path(info.model_path).name}, {verifier.n_vocab} tokens, vocab hash "
+        f"{verifier.hash[:12]})"
     )
     try:
-        if not info.vocab_type and info.vocab_hash != drafter.hash:
+        if not verifier.type and verifier.hash != drafter.hash:
             raise Incompatible("the verifier is too old to compare vocabularies beyond equality")
-        found = relation(verifier_vocab_facts(info), drafter)
+        found = relation(verifier, drafter)
     except Incompatible as exc:
-        if translate and info.vocab_type:
+        if translate and verifier.type:
             return "translated", (
                 f"drafting through text: {pair} have different vocabularies ({exc}); "
                 "--no-translate refuses such a pair instead"

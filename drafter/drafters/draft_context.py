@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,7 +33,11 @@ from server.shared.batching import (
     forget,
     together_or_alone,
 )
-from server.shared.runtime import LlamaRuntime, usable_cores
+from server.shared.machine import usable_cores
+from server.shared.runtime import LlamaRuntime
+
+if TYPE_CHECKING:
+    from server.shared.constraint import Grammars
 
 # Tokens of one request beyond which it is decoded on its own (a prompt, not a draft step).
 MAX_SHARED_TOKENS = 32
@@ -65,10 +70,10 @@ class DraftContext:
         self.vocab_relation = "same"  # "compatible" or "translated": what the run reports
         self.draft_token_s: float | None = None  # timed by DraftModel.warm_up, if it ran
         self.shared_decodes = 0  # of those, calls carrying more than one sequence
-        self._grammars = None  # compiled for this vocabulary on the first grammar
+        self._grammars: Grammars | None = None  # compiled for this vocabulary on the first grammar
         self._grammars_lock = threading.Lock()
 
-    def grammars(self):
+    def grammars(self) -> Grammars:
         """The grammars drafts follow, compiled for this vocabulary (server/shared/
         constraint.py: llguidance, imported here only when a generation has a grammar)."""
         with self._grammars_lock:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from drafter.drafters.model import DraftModel
 from drafter.drafters.model import where as draft_where
 from drafter.principals import Histories, serve_history_scope
+from drafter.request_options import RequestOptions
 from drafter.runner import (
     connect,
     load_checked_drafter,
@@ -36,7 +37,7 @@ from drafter.serve.text_out import Emit, TextOut
 from drafter.settings import DrafterSettings
 from server.shared.info import InfoResponse
 from server.shared.prefix import common_prefix_len
-from server.shared.protocol import PrefillRequest, Strategy
+from server.shared.protocol import PromptInput
 from server.shared.runtime import LlamaVocab
 
 log = logging.getLogger("drafter.serve")
@@ -66,9 +67,9 @@ class Finished:
 class Generation:
     """One request's work: what to decode, where its text goes, and its stop switch."""
 
-    prefill: PrefillRequest
+    prompt: PromptInput  # what /prefill gets: the text, or the ids
+    options: RequestOptions  # the request's own: sampling, grammar, limit...
     prompt_ids: list[int]  # the prompt as the draft model tokenizes it
-    max_tokens: int
     stop: list[str]
     emit: Emit  # text, with the logprobs of the tokens it begins
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -238,32 +239,16 @@ class SpeculativeBackend:
             self.target.close()
 
     def _generate(self, slot: GenerationSlot, generation: Generation) -> Finished:
-        model, prefill = slot.model, generation.prefill
-        sampling = prefill.sampling
-        seeded = sampling.seed is not None and not sampling.greedy
-        strategy = self.settings.strategy
-        if self.target is not None and not sampling.greedy:
+        model, options = slot.model, generation.options
+        if self.target is not None:
             # Another tokenizer's q is no distribution over the verifier's tokens:
             # sample-and-match is lossless without one (as the CLI does).
-            strategy = Strategy.match
-            prefill = prefill.model_copy(update={"strategy": strategy})
-        settings = self.settings.model_copy(
-            update={
-                "strategy": strategy,
-                # Drafting ahead goes as far as timing lets it, and so would seeded draws.
-                "pipeline": False if seeded else self.settings.pipeline,
-                "prompt": prefill.prompt or "",
-                "temperature": sampling.temperature,
-                "top_k": sampling.top_k,
-                "top_p": sampling.top_p,
-                "seed": sampling.seed,
-            }
-        )
+            options = options.through_text()
         assert self.info is not None
         slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(
-            model, slot.client, self.info, settings, self.target, generation.watched,
-            self.histories.of(generation.principal), slot.length_memory,
+            model, slot.client, self.info, self.settings, options, self.target,
+            generation.watched, self.histories.of(generation.principal), slot.length_memory,
         )  # fmt: skip
         if model.decodes_alone:
             model.reset()
@@ -272,7 +257,7 @@ class SpeculativeBackend:
             0 if self.target else common_prefix_len(model.cached_tokens, generation.prompt_ids)
         )
         out = TextOut(self.text_side(model).token_bytes, generation.stop, generation.emit)
-        rounds = loop.run(prefill, generation.max_tokens)
+        rounds = loop.run(options.prefill(generation.prompt), options.max_tokens)
         with contextlib.closing(rounds):  # closing the loop ends the verifier session
             for event in rounds:
                 out.feed(event.tokens, event.logprobs)

@@ -208,7 +208,7 @@ class CompletionRequest(_Request):
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-            return [prompt]  # type: ignore[list-item]
+            return [prompt]
         return list(prompt)  # type: ignore[arg-type]
 
 

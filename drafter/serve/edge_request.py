@@ -5,6 +5,7 @@ value that changes nothing; fields that change nothing here are accepted and ign
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -44,6 +45,7 @@ def nested_depth(value: Any) -> int:
     todo = [(value, 1)]
     while todo:
         node, depth = todo.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):

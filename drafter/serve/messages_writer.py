@@ -100,7 +100,7 @@ class MessagesWriter:
         return ServerSentEvent(event=kind, data=json.dumps({"type": kind, **fields}))
 
     def opening(self, index: int, prompt_tokens: int) -> list[ServerSentEvent]:
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

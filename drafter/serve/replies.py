@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from drafter.principals import PRINCIPAL, request_principal
+from drafter.request_options import RequestOptions
 from drafter.serve.backend import Generation, SpeculativeBackend
 from drafter.serve.chat_api import ChatCompletionRequest, _Request
 from drafter.serve.chat_writer import Answered
@@ -28,7 +29,7 @@ from drafter.serve.slots import SlotPool
 from drafter.serve.text_out import Spelled
 from drafter.serve.tools import CallSniffer, parse_tool_calls, request_grammar
 from drafter.serve.wire import Writer
-from server.shared.protocol import Grammar, PrefillRequest
+from server.shared.protocol import Grammar
 from server.shared.strict import did_you_mean
 
 T = TypeVar("T")
@@ -216,18 +217,18 @@ async def begin_choice(
     with, whose history it may be drafted from."""
     events: asyncio.Queue = asyncio.Queue()  # (text, logprobs) pairs, then _DONE
     loop = asyncio.get_running_loop()
-    prompt = choice.prompted.verifier_input.model_dump(exclude_none=True)
+
+    def emit(text: str, spelled: list[Spelled]) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (text, spelled))
+
     generation = Generation(
-        prefill=PrefillRequest(
-            **prompt,
-            sampling=request.sampling(choice.nth),
-            logprobs=request.logprobs_top(),
-            grammar=grammar,
+        prompt=choice.prompted.verifier_input,
+        options=RequestOptions.for_request(
+            request.sampling(choice.nth), max_tokens, grammar, request.logprobs_top()
         ),
         prompt_ids=choice.prompted.prompt_ids,
-        max_tokens=max_tokens,
         stop=request.stop_list(),
-        emit=lambda text, spelled: loop.call_soon_threadsafe(events.put_nowait, (text, spelled)),
+        emit=emit,
         stream=bool(request.stream),
         principal=principal,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -127,7 +127,7 @@ class SpeculativeLoop:
         """The id the running (or last) generation's session goes by, on any replica."""
         return self.sessions.chosen_id
 
-    def run(self, prefill: PrefillRequest, max_tokens: int) -> Iterator[RoundEvent]:
+    def run(self, prefill: PrefillRequest, max_tokens: int) -> Generator[RoundEvent, None, None]:
         """Generate up to `max_tokens` tokens; yields each round as it is committed."""
         self.result = SpeculativeResult(vocab=self.vocab)
         self._behind = False
@@ -304,12 +304,12 @@ class SpeculativeLoop:
         # A chunk's answer is many tokens, and a chunk follows a probe's last drafted
         # round: nothing to draft ahead for.
         chunk_next = bool(draft.tokens) and self.draft_length.chunk_soon()
-        ahead = self.speculation is not None and chunk == 1 and not (catching_up or chunk_next)
+        speculation = self.speculation if chunk == 1 and not (catching_up or chunk_next) else None
         if catching_up:
             self._behind = not self.warming.catch_up(self.drafter, committed, in_flight.done)
-        if ahead and 0 < k < room:
+        if speculation is not None and 0 < k < room:
             self.warming.wait()
-            self.speculation.prepare(
+            speculation.prepare(
                 committed, draft.tokens, k, in_flight.done, self._wait_s, self._token_s
             )
         elif self.speculation is not None:
@@ -317,9 +317,9 @@ class SpeculativeLoop:
         verdict, round_trip_s = in_flight.result()
         ready = None
         left = max_tokens - len(self.result.tokens) - len(verdict.tokens)
-        if ahead and not verdict.eos and left > 1:
+        if speculation is not None and not verdict.eos and left > 1:
             token = verdict.tokens[-1]
-            ready = self.speculation.take(verdict.accepted_prefix_len, token, min(k, left - 1))
+            ready = speculation.take(verdict.accepted_prefix_len, token, min(k, left - 1))
         return verdict, round_trip_s, ready
 
     def _open(self, prefill: PrefillRequest, sender: ThreadPoolExecutor | None) -> PrefillResponse:

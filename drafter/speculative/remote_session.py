@@ -26,11 +26,12 @@ class RemoteSessions:
         try:
             opened = self.verifier.prefill(request)
         except VerifierRejected as exc:
-            if exc.error_type != "session_exists" or request.session_id != self.chosen_id:
+            chosen = self.chosen_id
+            if exc.error_type != "session_exists" or chosen is None or request.session_id != chosen:
                 raise
             # The id is our own random one: a prefill retried after its answer was lost
             # has opened it already. That session is dropped and opened again, once.
-            self.close(request.session_id)
+            self.close(chosen)
             opened = self.verifier.prefill(request)
         if opened.session_id != request.session_id:
             raise VerifierRejected(

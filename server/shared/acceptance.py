@@ -166,7 +166,9 @@ def judge(
     if strategy == "rejection":
         if not draft_tokens:
             return accept_match([], target_probs, draws, is_eog)
+        assert draft_probs is not None  # the engine refuses such a round without them
         return accept_rejection(draft_tokens, draft_probs, target_probs, draws, is_eog)
     if strategy == "match":
         return accept_match(draft_tokens, target_probs, draws, is_eog)
+    assert threshold is not None  # the session was refused without one
     return accept_threshold(draft_tokens, target_probs, threshold, draws, is_eog)

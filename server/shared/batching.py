@@ -103,7 +103,9 @@ def forget(runtime: DecodingRuntime, seq_id: int, p0: int) -> bool:
         return False
 
 
-def together_or_alone(items: Sequence[T], decode: Callable[[Sequence[T]], list[R]]) -> list:
+def together_or_alone(
+    items: Sequence[T], decode: Callable[[Sequence[T]], Sequence[R]]
+) -> Sequence[R | Exception]:
     """`decode(items)`, one result per item; if that raises, each item decoded alone, so
     that only an item that cannot be decoded fails: its exception stands in its place.
     `decode` must leave nothing behind when it raises (decode_pieces does not)."""

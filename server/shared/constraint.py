@@ -182,7 +182,7 @@ class Constraint:
             )
             raise GrammarTooSlow(self.failure)
 
-    def commit(self, tokens: Sequence[int]) -> Callable[[], None]:
+    def commit(self, tokens: Sequence[int]) -> Callable[[], object]:
         """Advance the state by the round's committed tokens; returns what undoes it."""
         matcher, consumed = self._matcher, 0
         # One token a call: llguidance holds the GIL while it consumes, and an ambiguous
@@ -281,15 +281,15 @@ class Grammars:
         with self._lock:
             return sum(t.nbytes for (o, _), t in self._templates.items() if o == owner)
 
-    def _compiled(
-        self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer, key
-    ) -> _Template:
+    def _compiled(self, kind: str, source: str | dict[str, Any],
+        tokenizer: llguidance.LLTokenizer, key: tuple[str, str]) -> _Template:  # fmt: skip
         # A refused grammar is raised from here, after its compile's frames are gone: a
         # traceback through them would keep its memory until the error is dropped, freed
         # then during a later compile, whose measure it would hide.
         template, failure, limited = self._measured(kind, source, tokenizer)
-        if failure is None:
+        if template is not None:
             return template
+        assert failure is not None  # _measured gives a template or why not
         if limited:
             with self._lock:
                 self._refused[key] = failure
@@ -299,7 +299,7 @@ class Grammars:
 
     def _measured(
         self, kind: str, source: str | dict[str, Any], tokenizer: llguidance.LLTokenizer
-    ) -> tuple[Any, str | None, bool]:
+    ) -> tuple[_Template | None, str | None, bool]:
         """(the compiled grammar, None, False); or (None, why not, whether over a limit)."""
         limits = self.limits
         before, began = allocated_bytes(), time.perf_counter()
@@ -397,4 +397,4 @@ def allocated_bytes() -> int:
     if _MALLINFO2 is None:
         return 0
     info = _MALLINFO2()
-    return info.uordblks + info.hblkhd
+    return int(info.uordblks + info.hblkhd)

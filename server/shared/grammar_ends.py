@@ -76,8 +76,11 @@ class _Clock:
 
     def tick(self) -> None:
         self.steps += 1
-        late = self.deadline is not None and self.steps % _CHECK_EVERY == 0
-        if late and time.perf_counter() > self.deadline:
+        if (
+            self.deadline is not None
+            and self.steps % _CHECK_EVERY == 0
+            and time.perf_counter() > self.deadline
+        ):
             raise CheckTimeout
 
 
@@ -198,7 +201,7 @@ class _Resources:
     Walked through the keywords whose values are schemas (a `$id` in a `const` names
     nothing), without recursion."""
 
-    def __init__(self, root: dict, clock: _Clock):
+    def __init__(self, root: dict[str, Any], clock: _Clock):
         self.documents: dict[str, Any] = {}
         self.anchors: dict[tuple[str, str], Any] = {}
         self.base: dict[int, str] = {}
@@ -231,7 +234,7 @@ class _Resources:
                 elif word in SCHEMAS:
                     todo.append((value, base))
 
-    def _document(self, uri: str, node: dict) -> None:
+    def _document(self, uri: str, node: dict[str, Any]) -> None:
         if uri in self.documents and self.documents[uri] is not node:
             self.twice.add(uri)
         self.documents[uri] = node
@@ -274,16 +277,17 @@ class _SchemaWalk:
     `anyOf`/`oneOf`, and what its type needs hold. Subschemas are the schema's own objects,
     known by identity (a `$ref` cycle is a cycle of gates)."""
 
-    def __init__(self, schema: dict, clock: _Clock):
-        self.gates, self.seen, self.clock = _Gates(clock), {}, clock
+    def __init__(self, schema: dict[str, Any], clock: _Clock):
+        self.gates, self.clock = _Gates(clock), clock
+        self.seen: dict[int, int] = {}  # a subschema's id(): its gate
         self.resources = _Resources(schema, clock)
         self.always, self.never = self.gates.new("all", 0), self.gates.new("any", 0)
-        self.work: list[tuple[dict, str]] = []
+        self.work: list[tuple[dict[str, Any], str]] = []
         self.root = self.gate(schema, _BASE)
         while self.work:
             clock.tick()
             node, base = self.work.pop()
-            needed = []
+            needed: list[int] = []
             if "$ref" in node:
                 needed.append(self.gate(*self.resources.resolve(node["$ref"], base)))
             needed += [self.gate(s, base) for s in _list(node.get("allOf"))]
@@ -309,10 +313,10 @@ class _SchemaWalk:
         self.gates.link(combined, children)
         return combined
 
-    def one_of(self, nodes: list, base: str) -> int:
+    def one_of(self, nodes: list[Any], base: str) -> int:
         return self.combined("any", [self.gate(n, base) for n in nodes]) if nodes else self.always
 
-    def typed(self, node: dict, base: str) -> int | None:
+    def typed(self, node: dict[str, Any], base: str) -> int | None:
         """What an object or array schema needs (None: a value of another type, a `const`
         or an `enum` completes it)."""
         types = node.get("type")
@@ -321,7 +325,7 @@ class _SchemaWalk:
             return None
         if any(t not in ("object", "array") for t in types):
             return None
-        ways = []
+        ways: list[int] = []
         if "object" in types:
             ways.append(self.combined("all", self.object_needs(node, base)))
         if "array" in types:
@@ -335,7 +339,7 @@ class _SchemaWalk:
             ways.append(self.combined("all", needs))
         return self.combined("any", ways)
 
-    def object_needs(self, node: dict, base: str) -> list[int]:
+    def object_needs(self, node: dict[str, Any], base: str) -> list[int]:
         """An object's required keys' values, each the schema its key is held to: its
         property's, or where it lists none, `additionalProperties`' (or, where patterns may
         name it, one of theirs: which the key matches is not read); and where
@@ -355,9 +359,9 @@ class _SchemaWalk:
         return needs
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _list(value: Any) -> list:
+def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from server.shared.protocol import LOSSLESS, PROTOCOL_VERSION, ResponseModel
+from server.shared.vocab import VocabFacts
+
+# The vocabulary's facts (server/shared/vocab.py) and the flat /info fields that carry
+# them: one mapping, both ways, so that the wire stays as older clients read it.
+VOCAB_FIELDS = {
+    "type": "vocab_type",
+    "n_vocab": "n_vocab",
+    "bos_id": "bos_id",
+    "eos_id": "eos_id",
+    "add_bos": "add_bos",
+    "add_eos": "add_eos",
+    "hash": "vocab_hash",
+    "text_hashes": "vocab_text_hashes",
+}
 
 
 class InfoResponse(ResponseModel):
@@ -80,7 +96,7 @@ class InfoResponse(ResponseModel):
         "occurred earlier in its text (0: never)",
     )
     strategies: dict[str, bool] = Field(
-        default_factory=lambda: dict(LOSSLESS),
+        default_factory=lambda: {str(s.value): ok for s, ok in LOSSLESS.items()},
         description="verification strategies, each mapped to whether it is lossless here",
     )
     # Last: 129 hashes, read by drafters, skimmed past by people.
@@ -89,6 +105,16 @@ class InfoResponse(ResponseModel):
         description="hash of the token texts of ids 5 to end-1, for every end within 128 "
         "of n_vocab: a drafter compares the range both vocabularies have",
     )
+
+    @staticmethod
+    def vocabulary_fields(facts: VocabFacts) -> dict[str, Any]:
+        """/info's fields for a vocabulary's facts (the verifier's own, at start)."""
+        return {field: getattr(facts, fact) for fact, field in VOCAB_FIELDS.items()}
+
+    def vocabulary(self) -> VocabFacts:
+        """The verifier's vocabulary as a drafter compares it (server/shared/vocab.py). An
+        older verifier leaves vocab_type out ("") and add_eos (False): only "same" passes."""
+        return VocabFacts(**{fact: getattr(self, field) for fact, field in VOCAB_FIELDS.items()})
 
     def context_hint(self) -> str:
         """Where more context is to be had, for a prompt that does not fit."""

@@ -10,6 +10,7 @@ verifier and the drafter both compile a schema through `held_schema`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 # llama.cpp's `space` rule (json-schema-to-grammar): one space, or a line break or two and
@@ -74,7 +75,7 @@ def held_schema(schema: Any) -> Any:
     return root
 
 
-def _closable(node: dict) -> bool:
+def _closable(node: dict[str, Any]) -> bool:
     """An object whose keys are listed and that nothing opens; not one whose required keys
     go beyond them (closed, it could never be written)."""
     listed = node.get("properties")
@@ -95,7 +96,7 @@ def _closable(node: dict) -> bool:
     return True
 
 
-def _refs_intersected(node: dict) -> list[str]:
+def _refs_intersected(node: dict[str, Any]) -> list[str]:
     """The places (JSON pointers) of the schemas `node` intersects with others by
     reference: its `allOf` members' `$ref`s, where it has more than the one member, its
     own `$ref` where it lists properties of its own too, and its alternatives' `$ref`s
@@ -114,7 +115,7 @@ def _refs_intersected(node: dict) -> list[str]:
     return [ref[1:] for ref in refs if isinstance(ref, str) and ref[:1] == "#"]
 
 
-def _subschemas(root: dict):
+def _subschemas(root: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str, bool]]:
     """Each object schema in `root`, with its JSON pointer ("" for the root) and whether
     it stands whole (not a part of an intersection or a condition); level by level."""
     todo: list[tuple[Any, str, bool]] = [(root, "", True)]
@@ -150,6 +151,6 @@ def _copied(value: Any) -> Any:
             parent[key] = copy = dict(item)
             todo += [(copy, k) for k in copy]
         elif isinstance(item, list):
-            parent[key] = copy = list(item)
-            todo += [(copy, i) for i in range(len(copy))]
+            parent[key] = items = list(item)
+            todo += [(items, i) for i in range(len(items))]
     return holder[0]

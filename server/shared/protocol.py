@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
@@ -127,13 +127,13 @@ class Grammar(WireModel):
     to what the grammar allows after the tokens before them."""
 
     kind: Literal["json_schema", "lark", "gbnf", "regex"]
-    source: str | dict = Field(
+    source: str | dict[Any, Any] = Field(
         description="the grammar's text; for json_schema, the schema (an object, or its JSON)"
     )
 
     @field_validator("source")
     @classmethod
-    def _bounded(cls, source: str | dict) -> str | dict:
+    def _bounded(cls, source: str | dict[Any, Any]) -> str | dict[Any, Any]:
         size = len(source) if isinstance(source, str) else len(json.dumps(source))
         if size > MAX_GRAMMAR_CHARS:
             raise ValueError(f"a grammar of {size} characters; at most {MAX_GRAMMAR_CHARS}")
@@ -146,8 +146,9 @@ class PromptInput(WireModel):
         json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["prompt_tokens"]}]}
     )
 
-    prompt: str = Field(None, max_length=4 << 20)
-    prompt_tokens: list[TokenId] = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)
+    # Absent (None), never null: typed as what a client may send, so that a null is refused.
+    prompt: str = Field(None, max_length=4 << 20)  # type: ignore[assignment]
+    prompt_tokens: list[TokenId] = Field(None, max_length=MAX_PROMPT_TOKENS_SCHEMA)  # type: ignore[arg-type]
     add_bos: bool = Field(True, description="add BOS if the model's vocabulary asks for it")
 
     @model_validator(mode="after")
@@ -297,7 +298,7 @@ class VerifyResponse(ResponseModel):
         None,
         description="the draft length the verifier advises this session's next round (0: "
         "drafting cannot pay here now); from what its passes cost, how many sessions share "
-        "them and this session's acceptance (docs/performance.md)",
+        "them and this session's acceptance (docs/architecture.md)",
     )
     pass_sessions: float | None = Field(
         None, description="sessions the verifier's recent passes of rounds held (1: alone)"

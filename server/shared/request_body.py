@@ -15,13 +15,18 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+# ASGI's shapes, as Starlette spells them (starlette.types), without importing it.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # reject(scope, send, status, code, message): write the error response (in the shape of
 # the API at scope's path).
-Reject = Callable[[dict[str, Any], Send, int, str, str], Awaitable[None]]
+Reject = Callable[[Scope, Send, int, str, str], Awaitable[None]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 NESTED_TOO_DEEP = "the request body is nested too deep to read as JSON"
@@ -112,10 +117,11 @@ class ClientGone(Exception):
     """The client closed the connection before its body was in."""
 
 
-async def read_body(receive: Callable[[], Awaitable[dict]], max_bytes: int) -> bytes | None:
+async def read_body(receive: Receive, max_bytes: int) -> bytes | None:
     """The whole body, or None once it grows past `max_bytes`; ClientGone if the client
     hangs up."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
@@ -130,13 +136,13 @@ async def read_body(receive: Callable[[], Awaitable[dict]], max_bytes: int) -> b
 
 
 class BodyLimit:
-    def __init__(self, app, *, max_bytes: int, timeout_s: float, reject: Reject):
+    def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_s: float, reject: Reject):
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.reject = reject
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         too_large = f"the body is over {self.max_bytes} bytes"
@@ -171,7 +177,7 @@ class BodyLimit:
             return await self.reject(scope, send, 413, "payload_too_large", too_large)
         replayed = False
 
-        async def replay():
+        async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True

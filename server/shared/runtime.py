@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import llama_cpp
 import numpy as np
@@ -65,7 +66,7 @@ def ggml_library() -> ctypes.CDLL:
     """The ggml library this build loaded: server/shared/devices.py reads its devices."""
     from llama_cpp._ggml import libggml
 
-    return libggml
+    return cast(ctypes.CDLL, libggml)
 
 
 class LlamaVocab:
@@ -113,7 +114,7 @@ class LlamaVocab:
     def add_eos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_eos(self._vocab))
 
-    def grammar_tokenizer(self):
+    def grammar_tokenizer(self):  # llguidance.LLTokenizer ([tool.mypy] overrides)
         """The vocabulary as llguidance reads it, for constrained decoding (about a second
         to build: built once, on first use; server/shared/constraint.py)."""
         from llguidance.llamacpp import lltokenizer_from_vocab

@@ -101,7 +101,8 @@ def cap_support(probs: np.ndarray, max_support: int) -> np.ndarray:
     order = support[np.argsort(-probs[support], kind="stable")][:max_support]
     capped = np.zeros_like(probs)
     capped[order] = probs[order]
-    return capped / capped.sum()
+    renormalized: np.ndarray = capped / capped.sum()
+    return renormalized
 
 
 @dataclass(frozen=True, slots=True)

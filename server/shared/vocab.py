@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from server.shared.runtime import LlamaRuntime
 
 # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID: the first ids are special tokens a family
 # may spell differently (<s> and <|endoftext|> for one role); BOS and EOS are compared by
@@ -66,7 +69,7 @@ def text_hashes(pieces: list[bytes]) -> dict[int, str]:
     return hashes
 
 
-def describe(runtime) -> VocabFacts:
+def describe(runtime: LlamaRuntime) -> VocabFacts:
     """The facts of a LlamaRuntime's vocabulary (duck-typed: this module stays pure)."""
     pieces = list(runtime.vocab_pieces())
     return VocabFacts(

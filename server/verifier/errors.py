@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -157,7 +157,7 @@ def error_body(status_code: int, error_type: str, message: str) -> dict:
 
 
 def error_response(
-    status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None
+    status_code: int, error_type: str, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse(
         error_body(status_code, error_type, message), status_code=status_code, headers=headers
@@ -215,7 +215,7 @@ SAME_WORDS = {
 
 
 def describe_validation(
-    errors: Sequence[dict[str, Any]], model: type | None = None
+    errors: Sequence[Mapping[str, Any]], model: type | None = None
 ) -> tuple[int, str, str]:
     """(status, type, message) for pydantic's errors, as FastAPI or the fast path found
     them; `model`: the body's model, whose fields an unknown field is compared with."""
@@ -234,7 +234,7 @@ def describe_validation(
     parts = []
     for e in errors[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {SAME_WORDS.get(e.get('type'), e.get('msg', 'invalid'))}")
+        parts.append(f"{where}: {SAME_WORDS.get(e.get('type', ''), e.get('msg', 'invalid'))}")
     return 422, "invalid_request", "; ".join(parts)
 
 
@@ -251,8 +251,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI answers a body its reader (read_json) refused with a bare 400.
-        if nested_too_deep(exc) or isinstance(exc.__cause__, UnreadableText):
-            return error_response(*unreadable_body(exc.__cause__))
+        cause = exc.__cause__
+        if cause is not None and (nested_too_deep(exc) or isinstance(cause, UnreadableText)):
+            return error_response(*unreadable_body(cause))
         error_type = {404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error"
         )

@@ -1,9 +1,10 @@
 """The request path as the app's routes see it."""
 
 from starlette._utils import get_route_path
+from starlette.types import Scope
 
 
-def route_path(scope: dict) -> str:
+def route_path(scope: Scope) -> str:
     """`scope["path"]` without the root path (`uvicorn --root-path`, a mount, a proxy's
     prefix) that uvicorn keeps in front of it, cut exactly where Starlette's router cuts it
     (its own function: a private one, but the same package as the router), so that the

@@ -8,6 +8,9 @@ sample-and-match; a seed must reproduce its output; the lossy strategy must say 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -25,7 +28,7 @@ from server.shared.penalties import adjusted_rows
 from server.shared.protocol import Grammar, PrefillRequest, SamplingParams, VerifyRequest
 from server.shared.runtime import LlamaRuntime
 from server.shared.sampling import probabilities
-from tests.conftest import TEST_N_CTX, TEST_THREADS
+from tests.conftest import TEST_N_CTX, TEST_THREADS, start_verifier
 from tests.fixtures.scripted_length import ScriptedLength
 
 pytestmark = pytest.mark.integration
@@ -80,6 +83,64 @@ def draft_model(drafter_model):
     model.close()
 
 
+# The RUNS seeded runs go on this many threads at once. On two cores one verifier is the
+# bottleneck: its decode (one thread) is busy ~90% of a run alone, a prompt's pass is
+# never shared and passes of prompts and of rounds take turns, so more sessions on it
+# barely batch (measured: no faster). A second verifier on the other core halves the
+# time; a draft model costs a run ~5 ms, one each beside its own verifier.
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def second_verifier(verifier_model):
+    """A verifier as the session's live one (the same settings, so the same numbers):
+    the other core's, for half the seeded runs."""
+    verifier = start_verifier(verifier_model)
+    yield verifier
+    verifier.stop()
+
+
+@pytest.fixture(scope="module")
+def workers(live_verifier, second_verifier, draft_model, drafter_model):
+    """WORKERS (draft model, verifier URL) pairs: a draft model is one llama context,
+    used from one thread at a time, so each worker has its own, loaded once."""
+    urls = [live_verifier.url, second_verifier.url]
+    models = [draft_model] + [
+        DraftModel(drafter_model, n_ctx=TEST_N_CTX + 256, n_threads=TEST_THREADS)
+        for _ in range(WORKERS - 1)
+    ]
+    yield [(model, urls[i % len(urls)]) for i, model in enumerate(models)]
+    for model in models[1:]:
+        model.close()
+
+
+R = TypeVar("R")
+
+
+def over_seeds(
+    workers, seeds: Sequence[int], run: Callable[[VerifierClient, DraftModel, int], R]
+) -> list[R]:
+    """`run(client, model, seed)` for every seed, in seed order: the seeds dealt out
+    among the workers, each going through its own in turn on a thread of its own (with
+    its own client). A seed's run is the same whichever worker has it (`first_tokens`
+    starts each from the same state; both verifiers give the same numbers, batched or
+    not: /info's batch_invariant), so what the runs add up to never depends on how they
+    were dealt or scheduled. Pipelined runs excepted: how far drafting ahead gets before
+    an answer depends on timing, one worker or several, and so do their draws."""
+
+    def work(worker: tuple[DraftModel, str], mine: Sequence[int]) -> dict[int, R]:
+        model, url = worker
+        with VerifierClient(url) as client:
+            return {seed: run(client, model, seed) for seed in mine}
+
+    shares = [seeds[i :: len(workers)] for i in range(len(workers))]
+    by_seed: dict[int, R] = {}
+    with ThreadPoolExecutor(len(workers), thread_name_prefix="seeds") as pool:
+        for done in pool.map(work, workers, shares):
+            by_seed.update(done)
+    return [by_seed[seed] for seed in seeds]
+
+
 def first_tokens(
     client,
     model,
@@ -92,8 +153,15 @@ def first_tokens(
     adjusted: dict | None = None,
     grammar: Grammar | None = None,
 ):
+    """One seeded generation of `n` tokens in a session of its own (a fresh prefill):
+    its tokens and stats. The draft model's cache is cut back to the prompt first, whose
+    cells and logits are those of its first cold evaluation on that model: what an
+    earlier run left behind (cells evaluated in passes of other shapes, which Q4_K
+    kernels may give other last bits) never reaches this run."""
     sampling = sampling_for(seed, **(adjusted or {}))
     model.configure(DraftPolicy(sampling, sample_drafts=strategy == "rejection", seed=seed + 1))
+    model.catch_up(prompt_ids)
+    assert model.cached_tokens == list(prompt_ids)
     loop = SpeculativeLoop(model, client, draft_n=draft_n, n_ctx=TEST_N_CTX, pipeline=pipeline)
     request = PrefillRequest(
         prompt_tokens=prompt_ids,
@@ -108,14 +176,16 @@ def first_tokens(
 
 
 def sampled_pairs(
-    url: str, draft_model, prompt_ids, strategy: str = "rejection", **options
+    workers, prompt_ids, strategy: str = "rejection", **options
 ) -> dict[tuple[int, int], int]:
     """How often each pair of first tokens came, over RUNS seeded generations."""
+
+    def pair(client, model, seed: int) -> tuple[int, int]:
+        return first_tokens(client, model, prompt_ids, strategy, seed, **options)[0]
+
     counts: dict[tuple[int, int], int] = {}
-    with VerifierClient(url) as client:
-        for seed in range(RUNS):
-            pair, _ = first_tokens(client, draft_model, prompt_ids, strategy, seed, **options)
-            counts[pair] = counts.get(pair, 0) + 1
+    for pair_ in over_seeds(workers, range(RUNS), pair):
+        counts[pair_] = counts.get(pair_, 0) + 1
     return counts
 
 
@@ -137,9 +207,9 @@ def chi_square_pvalue(counts: dict, exact: dict, runs: int) -> float:
 
 @pytest.mark.parametrize("strategy", ["rejection", "match"])
 def test_first_two_tokens_follow_the_verifier_distribution(
-    live_verifier, draft_model, prompt_ids, exact_joint, strategy
+    workers, prompt_ids, exact_joint, strategy
 ):
-    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, strategy)
+    counts = sampled_pairs(workers, prompt_ids, strategy)
     assert set(counts) <= set(exact_joint), "a pair the verifier gives no probability"
     pvalue = chi_square_pvalue(counts, exact_joint, RUNS)
     assert pvalue > 1e-3, (strategy, pvalue, counts)
@@ -163,23 +233,21 @@ def exact_third(verifier_model, prompt_ids, exact_joint) -> dict[int, float]:
         runtime.close()
 
 
-def test_pipelined_drafts_keep_sampling_exact(
-    live_verifier, draft_model, prompt_ids, exact_joint, exact_third
-):
+def test_pipelined_drafts_keep_sampling_exact(workers, prompt_ids, exact_joint, exact_third):
     """Pipelined, the third token's draft was drawn while the first round was out, after
     the drafter's guess of the second token: when the guess came true that draft is
     sent. The first two tokens and the third must still follow the verifier."""
+
+    def run(client, model, seed: int):
+        return first_tokens(client, model, prompt_ids, "rejection", seed, n=4, pipeline=True)
+
     pairs: dict[tuple[int, int], int] = {}
     thirds: dict[int, int] = {}
     reused = 0
-    with VerifierClient(live_verifier.url) as client:
-        for seed in range(RUNS):
-            tokens, stats = first_tokens(
-                client, draft_model, prompt_ids, "rejection", seed, n=4, pipeline=True
-            )
-            pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
-            thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
-            reused += stats.reused_drafts
+    for tokens, stats in over_seeds(workers, range(RUNS), run):
+        pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
+        thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
+        reused += stats.reused_drafts
     assert reused > RUNS // 10, "the pipelined path was hardly taken"
     assert set(thirds) <= set(exact_third)
     for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
@@ -187,24 +255,22 @@ def test_pipelined_drafts_keep_sampling_exact(
         assert pvalue > 1e-3, (pvalue, counts)
 
 
-def test_a_chunk_then_a_draft_keeps_sampling_exact(
-    live_verifier, draft_model, prompt_ids, exact_joint, exact_third
-):
+def test_a_chunk_then_a_draft_keeps_sampling_exact(workers, prompt_ids, exact_joint, exact_third):
     """A round without a draft that asks for two of the verifier's own tokens, then a
     round with a draft (what `auto` switches between): the first two tokens, sampled by
     the verifier in the chunk, and the third, judged against a draft, follow the verifier."""
     runs = RUNS // 2  # each run is three rounds: half the draws keep the suite's time
+
+    def run(client, model, seed: int):
+        script = ScriptedLength([(0, 2), (1, 1)])
+        return first_tokens(client, model, prompt_ids, "rejection", seed, n=4, draft_n=script)
+
     pairs: dict[tuple[int, int], int] = {}
     thirds: dict[int, int] = {}
-    with VerifierClient(live_verifier.url) as client:
-        for seed in range(runs):
-            script = ScriptedLength([(0, 2), (1, 1)])
-            tokens, stats = first_tokens(
-                client, draft_model, prompt_ids, "rejection", seed, n=4, draft_n=script
-            )
-            assert stats.tokens_without_draft >= 2  # the chunk, and maybe a last round
-            pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
-            thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
+    for tokens, stats in over_seeds(workers, range(runs), run):
+        assert stats.tokens_without_draft >= 2  # the chunk, and maybe a last round
+        pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
+        thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
     assert set(pairs) <= set(exact_joint) and set(thirds) <= set(exact_third)
     for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
         pvalue = chi_square_pvalue(counts, exact, runs)
@@ -240,14 +306,12 @@ def penalised_joint(verifier_model, prompt_ids) -> tuple[dict, dict[tuple[int, i
         runtime.close()
 
 
-def test_penalties_and_biases_keep_sampling_exact(
-    live_verifier, draft_model, prompt_ids, penalised_joint
-):
+def test_penalties_and_biases_keep_sampling_exact(workers, prompt_ids, penalised_joint):
     """Drafts drawn from the draft model's own distribution, judged by rejection sampling
     against the verifier's penalised one (the second token's row penalised for the first,
     drafted or not): the first two tokens follow the penalised distribution."""
     adjusted, exact = penalised_joint
-    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, adjusted=adjusted)
+    counts = sampled_pairs(workers, prompt_ids, adjusted=adjusted)
     assert set(counts) <= set(exact), "a pair the penalised distribution rules out"
     pvalue = chi_square_pvalue(counts, exact, RUNS)
     assert pvalue > 1e-3, (pvalue, counts)
@@ -289,11 +353,11 @@ def _after(constraint, token: int, logits: np.ndarray) -> np.ndarray:
         undo()
 
 
-def test_a_grammar_keeps_sampling_exact(live_verifier, draft_model, prompt_ids, grammar_joint):
+def test_a_grammar_keeps_sampling_exact(workers, prompt_ids, grammar_joint):
     """Drafts judged by rejection sampling against the verifier's rows masked by the
     grammar (the second row by its state after the first token, drafted or not): the
     first two tokens follow the masked distribution."""
-    counts = sampled_pairs(live_verifier.url, draft_model, prompt_ids, grammar=WORDS)
+    counts = sampled_pairs(workers, prompt_ids, grammar=WORDS)
     assert set(counts) <= set(grammar_joint), "a pair the grammar rules out"
     pvalue = chi_square_pvalue(counts, grammar_joint, RUNS)
     assert pvalue > 1e-3, (pvalue, counts)

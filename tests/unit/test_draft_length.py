@@ -190,8 +190,9 @@ def test_auto_means_the_schedule_that_suits_the_drafter():
 
     info = InfoResponse.model_construct(max_draft=16)
 
-    def length(**settings):
-        return draft_length(DrafterSettings(**settings), info)
+    def length(**options):
+        settings = DrafterSettings(**options)
+        return draft_length(settings, settings.request_options(), info)
 
     assert isinstance(length(draft_n="auto"), LinkAwareLength)
     assert isinstance(length(draft_n="auto", drafter="model+ngram"), LinkAwareLength)
@@ -199,9 +200,12 @@ def test_auto_means_the_schedule_that_suits_the_drafter():
     assert length(draft_n="auto", drafter="ngram").maximum == 16
     assert length(draft_n=3) == FixedLength(3)
     # `serve`'s warm-up timing reaches auto, and its slot's memory (drafter/length/length_memory.py)
-    timed = draft_length(DrafterSettings(draft_n="auto"), info, draft_s_prior=0.03)
+    auto = DrafterSettings(draft_n="auto")
+    timed = draft_length(auto, auto.request_options(), info, draft_s_prior=0.03)
     assert timed.draft_s_prior == 0.03
-    remembered = draft_length(DrafterSettings(), info, memory=LengthMemory(), draft_s_prior=0.03)
+    remembered = draft_length(
+        auto, auto.request_options(), info, memory=LengthMemory(), draft_s_prior=0.03
+    )
     assert isinstance(remembered, RememberingLength) and remembered.draft_s_prior == 0.03
 
 
@@ -229,7 +233,8 @@ def test_what_auto_means_for_each_drafter(options, expected):
     from drafter.settings import DrafterSettings
 
     info = type("Info", (), {"max_draft": 16, "max_chunk_tokens": 64})()
-    length = draft_length(DrafterSettings(**options), info)
+    settings = DrafterSettings(**options)
+    length = draft_length(settings, settings.request_options(), info)
     assert isinstance(length, expected)
     if "seed" in options and expected is FixedLength:
         assert length.next() == SEEDED_DRAFT_N

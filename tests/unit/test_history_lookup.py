@@ -107,14 +107,18 @@ def test_model_plus_history_wires_the_verifiers_copy_ngram_and_the_users_history
     history = user_history(settings)
     assert isinstance(history, SuffixHistory)
     model = SimpleNamespace(target_n_vocab=64, warms=True)
-    drafter = candidate_generator(model, settings, history=history, sized=True, copy_ngram=12)
+    options = settings.request_options()
+    drafter = candidate_generator(
+        model, settings, options, history=history, sized=True, copy_ngram=12
+    )
     assert isinstance(drafter, ModelWithLookup) and isinstance(drafter.lookup, HistoryLookup)
     assert drafter.lookup.copy_ngram == 12 and drafter.lookup.history is history
     assert drafter.lookup.sized
     # Chunks paced as the model's alone are: the session's repeats are the verifier's.
     info = InfoResponse.model_construct(max_draft=16, max_chunk_tokens=64)
-    assert not draft_length(settings, info, watched=False).watched
-    assert draft_length(DrafterSettings(drafter="model+suffix"), info, watched=False).watched
+    assert not draft_length(settings, options, info, watched=False).watched
+    suffix = DrafterSettings(drafter="model+suffix")
+    assert draft_length(suffix, suffix.request_options(), info, watched=False).watched
 
 
 def test_a_seeded_request_drafts_nothing_from_what_ran_before():
@@ -125,11 +129,17 @@ def test_a_seeded_request_drafts_nothing_from_what_ran_before():
     model = SimpleNamespace(target_n_vocab=1000, warms=True)
     for kind in ("model+history", "model+suffix", "suffix"):
         seeded = DrafterSettings(drafter=kind, temperature=0.8, seed=11)
-        drafter = candidate_generator(model, seeded, history=history, sized=True, copy_ngram=12)
+        options = seeded.request_options()
+        drafter = candidate_generator(
+            model, seeded, options, history=history, sized=True, copy_ngram=12
+        )
         lookup = drafter.lookup if isinstance(drafter, ModelWithLookup) else drafter
         assert lookup.history is not history and lookup.history.n_tokens == 0, kind
         assert not lookup.sized, kind
         assert lookup.get_candidates(list(range(100, 120)), 4).tokens == [], kind
     unseeded = DrafterSettings(drafter="model+history", temperature=0.8)
-    drafter = candidate_generator(model, unseeded, history=history, sized=True, copy_ngram=12)
+    options = unseeded.request_options()
+    drafter = candidate_generator(
+        model, unseeded, options, history=history, sized=True, copy_ngram=12
+    )
     assert drafter.lookup.get_candidates(list(range(100, 120)), 4).tokens == [120, 121, 122, 123]

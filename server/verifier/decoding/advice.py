@@ -127,7 +127,7 @@ class PassCost:
 
     def points(self) -> list[tuple[float, float]]:
         """(rows, seconds) of each size seen or probed, by rows, never falling."""
-        out = []
+        out: list[tuple[float, float]] = []
         for bucket in sorted(set(self._seed) | set(self._seen)):
             w, x, y = (
                 a + b

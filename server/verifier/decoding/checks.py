@@ -28,7 +28,14 @@ from server.verifier.errors import (
 PROBS_SUM_TOLERANCE = 1e-3
 
 
-def round_key(request: VerifyRequest) -> tuple:
+# What makes two /verify requests the same round: (n_past, draft_tokens, draft_probs,
+# chunk_tokens, draft_accept).
+RoundKey = tuple[
+    int, tuple[int, ...], tuple[tuple[tuple[float, ...], ...], ...] | None, int, float | None
+]
+
+
+def round_key(request: VerifyRequest) -> RoundKey:
     """What makes two /verify requests the same round."""
     probs = None
     if request.draft_probs:  # an empty list says what no list says

@@ -34,7 +34,7 @@ class Decoded:
     """What a decode of jobs gave: per job, its logits rows (or, tolerated, the exception
     it failed with) and the time of the pass that computed them; every pass it made."""
 
-    outcomes: list = field(default_factory=list)
+    outcomes: list[np.ndarray | Exception] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     passes: list[PassRecord] = field(default_factory=list)
 
@@ -64,7 +64,7 @@ class PassDecoder:
         alone = [j for j in jobs if not (j.logits or shapes.pinned_width)]
         plans = shapes.plan({j.seq_id: len(j.tokens) for j in planned})
         plans += [_own_plan(j, shapes) for j in alone]
-        outcomes: dict[int, object] = {}
+        outcomes: dict[int, np.ndarray | Exception] = {}
         seconds: dict[int, float] = {}
         passes: list[PassRecord] = []
         for plan in plans:
@@ -78,7 +78,9 @@ class PassDecoder:
                 seconds.update((job.seq_id, record.seconds) for job in subset)
                 return rows
 
-            results = together_or_alone(members, decode) if tolerate else decode(members)
+            results: Sequence[np.ndarray | Exception] = (
+                together_or_alone(members, decode) if tolerate else decode(members)
+            )
             outcomes.update(zip(plan.jobs, results, strict=True))
         return Decoded(
             [outcomes[job.seq_id] for job in jobs],
@@ -88,7 +90,7 @@ class PassDecoder:
 
     def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]:
         """Each job's logits rows (the startup probe); a failure is raised."""
-        return self.decode(jobs, shapes).outcomes
+        return [_raised(outcome) for outcome in self.decode(jobs, shapes).outcomes]
 
     def evaluate_prompt(
         self,
@@ -143,3 +145,10 @@ def _own_plan(job: JobRows, shapes: PassShapes) -> PassPlan:
     if job.logits or shapes.pinned_width:
         return shapes.plan({job.seq_id: len(job.tokens)})[0]
     return PassPlan(job.seq_id, job.seq_id, max(len(job.tokens), job.min_rows), (job.seq_id,))
+
+
+def _raised(outcome: np.ndarray | Exception) -> np.ndarray:
+    """A job's rows; its failure raised (untolerated, `decode` raised it already)."""
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from server.shared.protocol import (
 from server.shared.runtime import DecodeError, LlamaRuntime
 from server.shared.sampling import PositionDraws, dense
 from server.verifier.decoding.advice import MAX_FIXED_ROWS, Advisor, PassCost
-from server.verifier.decoding.checks import check_verify, resolve_strategy, round_key
+from server.verifier.decoding.checks import RoundKey, check_verify, resolve_strategy, round_key
 from server.verifier.decoding.copy_draft import ChunkCopier
 from server.verifier.decoding.decoder import PassDecoder, PassRecord
 from server.verifier.decoding.decoding_rules import (
@@ -193,7 +194,7 @@ class Engine:
         return work
 
     def begin_verify(
-        self, request: VerifyRequest, owner: str | None = None, key: tuple | None = None
+        self, request: VerifyRequest, owner: str | None = None, key: RoundKey | None = None
     ) -> VerifyWork | VerifyResponse:
         """The round's work, or a replay's recorded answer (`key`: its round_key, if known)."""
         began = time.perf_counter()  # engine_ms counts the checks too
@@ -206,7 +207,7 @@ class Engine:
         self.check_round(session, request)
         draft_tokens, n_vocab = list(request.draft_tokens), self.runtime.n_vocab
         draft_probs = None
-        if session.strategy == Strategy.rejection and draft_tokens:
+        if session.strategy == Strategy.rejection and draft_tokens and request.draft_probs:
             draft_probs = [(q := dense(row, n_vocab)) / q.sum() for row in request.draft_probs]
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
         work.lookup = request.draft_kind == "lookup"
@@ -252,10 +253,10 @@ class Engine:
             except Exception as exc:
                 results.append(self._fail(work, exc))
         # Counted once the pass's rounds are answered, each in its owner's pool (lookups too).
-        for work, done in zip(works, results, strict=True):
-            if isinstance(done, VerifyResponse) and not work.copied:
+        for work, out in zip(works, results, strict=True):
+            if isinstance(work, VerifyWork) and isinstance(out, VerifyResponse) and not work.copied:
                 owner, drafted = work.session.owner, len(work.draft_tokens)
-                self.advisor.count(owner, drafted, done.accepted_prefix_len)
+                self.advisor.count(owner, drafted, out.accepted_prefix_len)
         return Ran(results, decoded.passes)
 
     def retile(self) -> int:
@@ -273,11 +274,11 @@ class Engine:
 
     # -- internals --------------------------------------------------------------------
 
-    def _finish_verify(self, work: VerifyWork, logits: np.ndarray, seconds: float):
+    def _finish_verify(self, work: VerifyWork, logits: np.ndarray, spent: float) -> VerifyResponse:
         return finish_round(
             work,
             logits,
-            seconds,
+            spent,
             remove=self.runtime.remove,
             is_eog=self.runtime.is_eog,
             lossless=self.lossless(work.session.strategy),
@@ -342,15 +343,8 @@ def engine_info(engine: Engine) -> InfoResponse:
         model=engine.model_name,
         model_path=str(rt.model_path),
         quantization=rt.quantization,
-        n_vocab=rt.n_vocab,
         n_ctx=engine.n_ctx,
-        bos_id=rt.bos_id,
-        eos_id=rt.eos_id,
-        add_bos=rt.add_bos,
-        vocab_hash=engine.vocab.hash,
-        vocab_type=engine.vocab.type,
-        add_eos=engine.vocab.add_eos,
-        vocab_text_hashes=engine.vocab.text_hashes,
+        **InfoResponse.vocabulary_fields(engine.vocab),  # flat on the wire, as ever
         max_draft=engine.max_draft,
         max_chunk_tokens=MAX_CHUNK_TOKENS,
         max_sessions=engine.n_seq,
@@ -375,7 +369,16 @@ def engine_info(engine: Engine) -> InfoResponse:
     )
 
 
-def placement_info(loaded: Loaded | None) -> dict[str, object]:
+class PlacementInfo(TypedDict, total=False):  # InfoResponse's fields of where it computes
+    n_ctx_train: int
+    context_source: str
+    backend: str
+    device: str
+    gpu_layers: int
+    n_layer: int
+
+
+def placement_info(loaded: Loaded | None) -> PlacementInfo:
     """/info's facts of where the model computes and what sized its context."""
     if loaded is None:
         return {}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from server.shared.protocol import PrefillResponse
+from server.verifier.decoding.checks import RoundKey
 from server.verifier.decoding.copy_draft import Copy
 from server.verifier.kv.prompt_cuts import PromptCuts, Tiling
 from server.verifier.kv.sessions import Reservation, Session
@@ -46,7 +47,7 @@ class VerifyWork:
     draft_tokens: list[int]
     draft_probs: list[np.ndarray] | None
     start: int  # position of the pending token
-    round_key: tuple
+    round_key: RoundKey
     began: float = field(default_factory=time.perf_counter)
     closed: bool = False
     masks: np.ndarray | None = None  # the grammar's, computed before the round began

@@ -17,6 +17,7 @@ from server.shared.constraint import Constraint, GrammarError
 from server.shared.draft_gain import Acceptance
 from server.shared.penalties import adjusted_rows, token_logprobs
 from server.shared.protocol import RoundTimings, TokenLogprob, VerifyResponse
+from server.verifier.decoding.checks import RoundKey
 from server.verifier.decoding.jobs import VerifyWork
 from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
 from server.verifier.kv.sessions import Session
@@ -144,7 +145,7 @@ def _logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogp
     return out
 
 
-def record_answer(session: Session, key: tuple, response: VerifyResponse) -> None:
+def record_answer(session: Session, key: RoundKey | None, response: VerifyResponse) -> None:
     """Record an answer made of several rounds (a chunk) as the one a replay of `key`
     gets, if the session is still where that answer left it."""
     if session.work is None and len(session.tokens) == response.total_tokens:

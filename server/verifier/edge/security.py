@@ -29,6 +29,7 @@ class GuardMiddleware:
         path = route_path(scope)
         presented = presented_key(scope["headers"])
         admin = self.admin_keys.enabled and self.admin_keys.identify(presented, "admin")
+        key_id: str | None
         if path in OPEN_PATHS:
             key_id = ANONYMOUS
         else:

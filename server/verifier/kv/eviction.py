@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Literal
 
 
 class Eviction:
@@ -49,18 +50,21 @@ class Eviction:
         owner: str,
         prefixes: Iterable[tuple[int, str]],
         idle: Iterable[tuple[str, str]],
-    ) -> tuple[str, int | str] | None:
+    ) -> tuple[Literal["prefix"], int] | tuple[Literal["session"], str] | None:
         """What to free for `owner`: ("prefix", seq id) or ("session", session id), the
         least recently used first of the first giver that has one (`prefixes`: cached
         prefixes' (seq id, key); `idle`: sessions that may go, as (session id, key),
         both least recently used first); None when nothing may go."""
         givers = self.givers(held, owner)
         prefixes, idle = list(prefixes), list(idle)
-        for kind, candidates in (("prefix", prefixes), ("session", idle)):
-            for key in givers:
-                for name, holder in candidates:
-                    if holder == key:
-                        return kind, name
+        for key in givers:
+            for seq_id, holder in prefixes:
+                if holder == key:
+                    return "prefix", seq_id
+        for key in givers:
+            for session_id, holder in idle:
+                if holder == key:
+                    return "session", session_id
         return None
 
     def refusal(self, held: Counter[str], owner: str) -> str:

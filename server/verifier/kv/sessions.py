@@ -18,7 +18,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from server.shared.draft_gain import Acceptance
 from server.shared.protocol import SamplingParams, Strategy, VerifyResponse
@@ -30,6 +30,11 @@ from server.verifier.kv.packing import Packing
 from server.verifier.kv.prefix_reuse import CachedPrefix, PrefixReuse
 from server.verifier.kv.prompt_cuts import Tiling, clip
 from server.verifier.kv.sequence_ids import SequenceIds
+
+if TYPE_CHECKING:
+    from server.shared.constraint import Constraint
+    from server.verifier.decoding.checks import RoundKey
+    from server.verifier.decoding.jobs import VerifyWork
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     # The last round's request and answer: a replay of it (a client that lost the
     # response) gets the same answer and changes nothing.
-    last_round_key: tuple | None = None
+    last_round_key: RoundKey | None = None
     last_response: VerifyResponse | None = None
     decoded_tokens: int = 0  # everything this session has evaluated, prompt included
     tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
@@ -58,8 +63,8 @@ class Session:
     resyncs: Acceptance = RESYNC_PRIOR  # of its copies that went on after an edit
     last_draft: int = 0  # its last drafted round's length (rounds without a draft keep it)
     logprobs: int | None = None  # with each committed token, its logprob and this many top
-    constraint: Any = None  # the grammar's state at the committed tokens (a Constraint)
-    work: Any = None  # the round begun and not yet finished or undone (at most one)
+    constraint: Constraint | None = None  # the grammar's state at the committed tokens
+    work: VerifyWork | None = None  # the round begun and not yet finished or undone (at most one)
 
     @property
     def n_cached(self) -> int:
@@ -166,12 +171,11 @@ class SessionTable:
         chosen = self.eviction.choose(held, owner, prefixes, idle)
         if chosen is None:
             raise ServerFull(self.eviction.refusal(held, owner))
-        kind, name = chosen
-        if kind == "prefix":
-            self.drop_prefix(name)
+        if chosen[0] == "prefix":
+            self.drop_prefix(chosen[1])
             return False
         log.info("evicting the least recently used idle session of a key")
-        self._release(self._live[name])
+        self._release(self._live[chosen[1]])
         return True
 
     def _place(self, reused: int | None = None) -> tuple[int, int]:

@@ -26,7 +26,13 @@ class ProbeTarget(Protocol):
     def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
 
     def evaluate_prompt(
-        self, seq_id: int, tokens: Sequence[int], start: int, chunk: int, shapes: PassShapes
+        self,
+        seq_id: int,
+        tokens: Sequence[int],
+        start: int,
+        chunk: int,
+        shapes: PassShapes,
+        min_rows: int = 0,
     ) -> None: ...
 
     def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...

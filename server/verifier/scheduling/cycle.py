@@ -28,10 +28,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+import numpy as np
+
+from server.shared.constraint import Constraint
 from server.shared.protocol import PrefillRequest, VerifyRequest, VerifyResponse
-from server.verifier.decoding.checks import round_key
+from server.verifier.decoding.checks import RoundKey, round_key
 from server.verifier.decoding.chunks import ChunkSteps
 from server.verifier.decoding.decoder import PassRecord
 from server.verifier.decoding.engine import Engine
@@ -51,13 +54,13 @@ class Job:
     owner: str
     session_id: str | None  # the session it touches (None for a prefill of a new id)
     request: PrefillRequest | VerifyRequest | None = None
-    call: Callable[[], Any] | None = None  # engine work that needs no decode
-    round_key: tuple | None = None  # a verify job's, computed once
+    call: Callable[[], object] | None = None  # engine work that needs no decode
+    round_key: RoundKey | None = None  # a verify job's, computed once
     work: Work | None = None  # once begun (a chunk: its step now)
     chunk: ChunkSteps | None = None  # a round asking for several tokens: its steps so far
-    constraint: Any = None  # a prefill's grammar state, compiled off the engine thread
+    constraint: Constraint | None = None  # a prefill's grammar state, compiled off-thread
     masks: Pending | None = None  # a round's grammar masks, computed off the engine thread
-    masks_for: tuple | None = None  # the round key they were computed for
+    masks_for: RoundKey | None = None  # the round key they were computed for
     queued_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -76,7 +79,7 @@ class Job:
 class Step:
     """What one cycle did."""
 
-    answers: list[tuple[Job, Any]] = field(default_factory=list)  # a result or an APIError
+    answers: list[tuple[Job, object]] = field(default_factory=list)  # a result or an APIError
     passes: list[PassRecord] = field(default_factory=list)
     rounds_decoded: int = 0  # rounds in the cycle's pass of rounds
     answered_rounds: list[SessionKey] = field(default_factory=list)  # decoded and answered
@@ -93,7 +96,7 @@ class Step:
     prompt_tokens_evaluated: int = 0
     masks_awaited: int = 0  # rounds left queued for their grammar's masks
 
-    def answer(self, job: Job, result: Any) -> None:
+    def answer(self, job: Job, result: object) -> None:
         if isinstance(result, Exception) and not isinstance(result, APIError):
             log.error("engine error", exc_info=result)
             result = InternalError(f"{type(result).__name__}: {result}")
@@ -126,29 +129,29 @@ class Pending(Protocol):
 
     def done(self) -> bool: ...
 
-    def result(self) -> Any: ...
+    def result(self) -> np.ndarray | None: ...
 
 
 @dataclass
 class Ready:
     """A result there at once."""
 
-    value: Any = None
+    value: np.ndarray | None = None
     error: Exception | None = None
 
     def done(self) -> bool:
         return True
 
-    def result(self) -> Any:
+    def result(self) -> np.ndarray | None:
         if self.error is not None:
             raise self.error
         return self.value
 
 
-MaskRunner = Callable[[str, Callable[[], Any]], Pending]
+MaskRunner = Callable[[str, Callable[[], np.ndarray]], Pending]
 
 
-def run_inline(owner: str, fn: Callable[[], Any]) -> Pending:
+def run_inline(owner: str, fn: Callable[[], np.ndarray]) -> Pending:
     """Masks computed at once, on the caller's thread (tests that run the steps by hand)."""
     try:
         return Ready(fn())
@@ -218,7 +221,7 @@ class CycleStep:
             if len(work.draft_tokens) > keep:
                 work.cut(keep)
 
-    def fail(self, job: Job, error: Exception) -> Any:
+    def fail(self, job: Job, error: Exception) -> VerifyResponse | Exception:
         """Undo a job that will not be finished; what to answer it: `error`, or for a
         chunk with steps committed, those steps (the next round learns what went wrong)."""
         if job.work is not None:
@@ -230,6 +233,7 @@ class CycleStep:
 
     def _chunk_answer(self, job: Job) -> VerifyResponse:
         """A chunk's answer, recorded for a replay of the client's request."""
+        assert job.chunk is not None and job.session_id is not None  # a round's chunk
         try:
             session = self.engine.session(job.session_id, job.owner)
         except SessionNotFound:  # ended meanwhile: nothing to replay, nothing to advise
@@ -248,8 +252,8 @@ class CycleStep:
         """Calls run, new jobs begun (rounds only if `begin_rounds`), in arrival order;
         the rounds and prompts to decode. A job behind unfinished work of its session
         waits for a later step."""
-        rounds, prompts = [], []
-        busy: set[str] = set()  # sessions with unfinished work earlier in the queue
+        rounds, prompts = list[Job](), list[Job]()
+        busy: set[str | None] = set()  # sessions with unfinished work earlier in the queue
         keep = {job.session_id for job in jobs if job.session_id}
         for job in jobs:
             if job.work is not None and job.work.closed:
@@ -259,7 +263,7 @@ class CycleStep:
                 if not waits:
                     if job.session_key is not None:  # a delete or a /generate's end
                         out.ended.append(job.session_key)
-                    self._run_call(job, out)
+                    self._run_call(job, job.call, out)
                 continue
             if waits:
                 continue
@@ -270,13 +274,14 @@ class CycleStep:
                 continue
             if job.work is None and not self._begin(job, keep, out):
                 continue
+            assert job.work is not None  # begun
             busy.add(job.work.session.session_id)
             (rounds if isinstance(job.work, VerifyWork) else prompts).append(job)
         return rounds, prompts
 
-    def _run_call(self, job: Job, out: Step) -> None:
+    def _run_call(self, job: Job, call: Callable[[], object], out: Step) -> None:
         try:
-            result = job.call()
+            result = call()
         except Exception as exc:
             result = exc
         out.answer(job, result)
@@ -290,6 +295,7 @@ class CycleStep:
                 out.moved += job.work.reservation.moved
                 return True
             request, key, copy = job.request, job.round_key, None
+            assert isinstance(request, VerifyRequest) and job.session_id is not None  # a round
             if job.chunk is not None:
                 session = self.engine.session(job.session_id, job.owner)
                 first = not job.chunk.steps
@@ -324,6 +330,7 @@ class CycleStep:
         decoded (not a replay, nor one its checks refuse: begun, it is answered)."""
         if job.work is not None or not isinstance(job.request, VerifyRequest):
             return True
+        assert job.session_id is not None  # a round's
         try:
             session = self.engine.session(job.session_id, job.owner)
             if session.constraint is None or session.work is not None:
@@ -344,6 +351,7 @@ class CycleStep:
             job.masks = self.masks(
                 job.owner, lambda: grammar_step(lambda: constraint.row_masks(draft, budget))
             )
+        assert job.masks is not None  # computed for `key`, now or before
         return job.masks.done()
 
     def _decode(self, jobs: list[Job], out: Step, interleaved: bool = False) -> None:
@@ -351,8 +359,9 @@ class CycleStep:
             return
         rounds = [job for job in jobs if isinstance(job.work, VerifyWork)]
         prompts = [job for job in jobs if isinstance(job.work, PrefillWork)]
-        works = [j.work for j in rounds], [j.work for j in prompts]
-        ran = self.engine.run(*works, interleaved=interleaved)
+        round_works = [job.work for job in jobs if isinstance(job.work, VerifyWork)]
+        prompt_works = [job.work for job in jobs if isinstance(job.work, PrefillWork)]
+        ran = self.engine.run(round_works, prompt_works, interleaved=interleaved)
         out.passes += ran.passes
         out.fixed_rows = self.engine.pass_cost.fixed_rows or 0.0
         if rounds:
@@ -362,6 +371,7 @@ class CycleStep:
                 continue  # a prompt with chunks still to go
             if isinstance(result, VerifyResponse):
                 work, accepted = job.work, result.accepted_prefix_len
+                assert isinstance(work, VerifyWork) and job.session_id is not None  # a round
                 counted = (len(work.draft_tokens), accepted)
                 (out.copies if work.copied else out.rounds).append(counted)
                 if work.lookup:

@@ -141,6 +141,7 @@ class BatchScheduler:
         end of the session a request opened, if it is still that very one and idle; never
         refused for a full queue: refused, it would hold a sequence until the idle TTL."""
         sessions = self.engine.sessions
+        end: Callable[[], object]
         if only is None:
             end = functools.partial(sessions.delete, session_id, owner)
         else:
@@ -217,6 +218,7 @@ class BatchScheduler:
                 self.metrics.rejected_full.inc()
                 raise ServerFull(refusal)
             if job.round_key is not None:
+                assert job.session_id is not None  # a round's
                 self.gatherer.arrived((job.owner, job.session_id))
             self._futures[job] = future
             self._queue.append(job)

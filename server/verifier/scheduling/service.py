@@ -29,6 +29,7 @@ from server.shared.protocol import (
     GenerateTimings,
     PrefillRequest,
     PrefillResponse,
+    Strategy,
     VerifyRequest,
     VerifyResponse,
 )
@@ -128,7 +129,7 @@ class VerifierService:
         return opened.response
 
     async def verify(
-        self, request: VerifyRequest, owner: str, routing: list[str] = ()
+        self, request: VerifyRequest, owner: str, routing: Sequence[str] = ()
     ) -> VerifyResponse:
         """A round (`routing`: its X-Session-Id headers, which must name its session).
         A round without a draft may ask for a chunk of the verifier's own tokens."""
@@ -155,7 +156,7 @@ class VerifierService:
                 sampling=request.sampling,
                 grammar=request.grammar,
                 # With no drafts every strategy is plain sampling from p: match needs no probs.
-                strategy=None if request.sampling.greedy else "match",
+                strategy=None if request.sampling.greedy else Strategy.match,
             ),
             owner,
             constraint,
