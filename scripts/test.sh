@@ -13,4 +13,6 @@ echo "[test] import contracts (pyproject.toml, [tool.importlinter])"
 echo "[test] types (mypy, [tool.mypy] in pyproject.toml)"
 .venv/bin/mypy
 echo "[test] pytest"
-.venv/bin/python -m pytest "$@"
+# One test worker a core (pytest-xdist), each file on one worker so that a file's servers
+# start once; TEST_WORKERS=0 runs everything in this process.
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-auto}" --dist loadfile "$@"

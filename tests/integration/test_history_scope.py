@@ -28,6 +28,11 @@ MAX_TOKENS = 16
 # few tokens at most on a machine where the model steps aside, and as many for every
 # guess where it does not.
 MARGIN = 4
+# What a history draft earns, fixed: the suffix drafter (no draft model, whose own drafts
+# would blur the figures), a verifier that verifies a lookup's draft whole
+# (unsized_verifier) and a fixed draft length, where a measured cost of a pass (which a
+# loaded machine moves) would size the draft or step aside.
+FIXED = ("--drafter", "suffix", "--draft-n", "8")
 
 
 def speculative(serve: LocalServe, key: str, prompt: str) -> dict:
@@ -63,11 +68,12 @@ def assert_unrecoverable(right: dict, wrong: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_key_serve(live_verifier):
+def shared_key_serve(unsized_verifier):
     """One key for the whole team, on loopback: the red team's setup."""
     serve = LocalServe(
-        live_verifier.url, "--serve-api-key", "sk-team", threads=TEST_THREADS, timeout=120
-    )
+        unsized_verifier.url, "--serve-api-key", "sk-team", *FIXED, threads=TEST_THREADS,
+        timeout=120,
+    )  # fmt: skip
     yield serve
     serve.stop()
 
@@ -82,9 +88,10 @@ def test_a_shared_key_serve_drafts_no_client_from_anothers_text(shared_key_serve
     assert again["accepted"] < first["accepted"] + MARGIN, (first, again)
 
 
-def test_with_scope_key_each_key_drafts_from_its_own_history_only(live_verifier):
+def test_with_scope_key_each_key_drafts_from_its_own_history_only(unsized_verifier):
     serve = LocalServe(
-        live_verifier.url,
+        unsized_verifier.url,
+        *FIXED,
         "--serve-api-key",
         "sk-dana,sk-mallory",
         "--history-scope",
