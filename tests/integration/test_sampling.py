@@ -53,17 +53,20 @@ WORDS = Grammar(kind="regex", source=r" [a-m][a-z]*( [a-z]+)*")
 
 @pytest.fixture(scope="module")
 def adjusted_joint(verifier_runtime, prompt_ids) -> tuple[dict, dict[tuple[int, int], float]]:
-    """A bias against the likeliest first token, a presence penalty and WORDS; and P(t1, t2)
+    """A bias against the likeliest first token WORDS allows, a presence penalty and WORDS;
+    and P(t1, t2)
     under them, computed here from the verifier model's logits: each row penalised for the
     tokens before it, then masked by the grammar's state after them."""
     runtime = verifier_runtime
     runtime.remove(0, -1)
     row = last_logits(runtime, prompt_ids, 0)
-    adjusted = {"presence_penalty": PRESENCE_PENALTY, "logit_bias": {int(np.argmax(row)): -2.0}}
-    sampling = sampling_for(None, **adjusted)
     constraint = Grammars(runtime.grammar_tokenizer, runtime.n_vocab).constraint(
         WORDS.kind, WORDS.source
     )
+    # Against the likeliest first token the grammar allows, so that the bias moves the pairs.
+    biased = int(np.argmax(masked_after(constraint, [], row)))
+    adjusted = {"presence_penalty": PRESENCE_PENALTY, "logit_bias": {biased: -2.0}}
+    sampling = sampling_for(None, **adjusted)
 
     def adjust(logits: np.ndarray, before: list[int]) -> np.ndarray:
         penalised = adjusted_rows(logits[None], sampling, before, [])[0]

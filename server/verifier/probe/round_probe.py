@@ -12,30 +12,18 @@ import numpy as np
 
 from server.verifier.decoding.jobs import JobRows
 from server.verifier.decoding.passes import PassShapes
+from server.verifier.probe.prompt_probe import PromptTarget
 
 PROBE_CONTEXT = 24  # tokens each sequence holds before the probed rounds
 
 
-class ProbeTarget(Protocol):
+class ProbeTarget(PromptTarget, Protocol):
+    """What the probe decodes through: the prompt checks' target, its sequences, and a
+    tokenizer."""
+
     n_seq: int
-    n_batch: int
-    n_ctx_per_seq: int
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
-
-    def decode_jobs(self, jobs: Sequence[JobRows], shapes: PassShapes) -> list[np.ndarray]: ...
-
-    def evaluate_prompt(
-        self,
-        seq_id: int,
-        tokens: Sequence[int],
-        start: int,
-        chunk: int,
-        shapes: PassShapes,
-        min_rows: int = 0,
-    ) -> None: ...
-
-    def remove(self, seq_id: int, p0: int, p1: int = -1) -> None: ...
 
 
 @dataclass(frozen=True)
