@@ -78,6 +78,7 @@ HostOpt = Annotated[str | None, _flag("host")]
 PortOpt = Annotated[int | None, _flag("port")]
 ParallelOpt = Annotated[int | None, _flag("parallel")]
 QueueOpt = Annotated[int | None, _flag("queue")]
+MaxBodyBytesOpt = Annotated[int | None, _flag("max_body_bytes")]
 ServeApiKeyOpt = Annotated[str | None, _flag("serve_api_key")]
 ServeApiKeyFileOpt = Annotated[Path | None, _flag("serve_api_key_file")]
 HistoryScopeOpt = Annotated[HistoryScope | None, _flag("history_scope")]
@@ -194,6 +195,7 @@ def serve(
     translate: TranslateOpt = None,
     parallel: ParallelOpt = None,
     queue: QueueOpt = None,
+    max_body_bytes: MaxBodyBytesOpt = None,
     max_output_tokens: MaxOutputTokensOpt = None,
     serve_api_key: ServeApiKeyOpt = None,
     serve_api_key_file: ServeApiKeyFileOpt = None,

@@ -9,13 +9,20 @@ the user of a `serve` that only their own machine reaches (loopback, no client k
 with `--history-scope key` each client key. A `serve` that others reach drafts no request
 from others' texts unless a setting that says what it exposes turns it on (`user`, `key`).
 
+The caches tell the same way (`draft_cached_tokens`, the verifier's `cached_tokens`: how
+long a prefix a prompt shares with a recent one), and so does what `auto` measured in a
+slot's earlier generations: they are one principal's too (CacheScopes).
+
 The CLI keeps its own history (drafter/runner.py `user_history`): one user's machine.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import logging
+import secrets
 import threading
 
 from drafter.drafters.suffix import SuffixHistory
@@ -163,3 +170,36 @@ class Histories:
                 "texts from their answers' speculative figures and timing)"
             )
         return "one history for every request (every client can learn every other's texts)"
+
+
+class CacheScopes:
+    """Whose cached prompts a request may start from, on `serve` (its slots' draft caches
+    and what they measured) and on the verifier (its prefixes, under the one verifier key
+    `serve` uses for every client): its principal's. Under `user` every request is one
+    principal's, as its history is (a foreign one apart where `auto` chose `user`); under
+    `key` and `none` each client key is one, and a key shared by several clients shares
+    its caches among them, as a hosted API's prompt cache is shared within an
+    organisation."""
+
+    def __init__(self, scope: HistoryScope, from_auto: bool, secret: bytes | None = None):
+        self.shared = scope is HistoryScope.user
+        self.from_auto = from_auto
+        # Known to this process only: the verifier sees which requests share a scope,
+        # never which key, nor the same name across restarts.
+        self._secret = secrets.token_bytes(32) if secret is None else secret
+
+    def of(self, principal: str | None) -> str | None:
+        """The principal whose caches a request of `principal` (its key's identity, None
+        without a key, FOREIGN) reuses and fills."""
+        if self.shared and not (principal == FOREIGN and self.from_auto):
+            return None
+        return principal
+
+    def verifier_scope(self, cache_principal: str | None) -> str | None:
+        """The `cache_scope` the verifier's prefill gets for it: none for the principal
+        without a key (the verifier key's own cache, as any client's without a scope),
+        else a keyed hash of it."""
+        if cache_principal is None:
+            return None
+        digest = hmac.new(self._secret, cache_principal.encode(), hashlib.sha256)
+        return digest.hexdigest()[:32]

@@ -82,8 +82,9 @@ class RequestOptions(BaseModel):
             return self
         return self.model_copy(update={"strategy": Strategy.match})
 
-    def prefill(self, prompt: PromptInput) -> PrefillRequest:
-        """The verifier's /prefill for `prompt` under these options."""
+    def prefill(self, prompt: PromptInput, cache_scope: str | None = None) -> PrefillRequest:
+        """The verifier's /prefill for `prompt` under these options; `cache_scope`: whose
+        cached prefixes it may reuse within the verifier key (`serve`'s client's)."""
         return PrefillRequest(
             **prompt.model_dump(include={"prompt", "prompt_tokens", "add_bos"}, exclude_none=True),
             sampling=self.sampling,
@@ -91,6 +92,7 @@ class RequestOptions(BaseModel):
             strategy=self.strategy,
             threshold=self.threshold,
             logprobs=self.logprobs,
+            cache_scope=cache_scope,
         )
 
 

@@ -229,6 +229,13 @@ class DrafterSettings(BaseSettings):
     queue: int = Field(
         8, ge=0, description="Requests `serve` keeps waiting beyond --parallel; more get 429."
     )
+    max_body_bytes: int = Field(
+        4 << 20,
+        ge=1 << 10,
+        description="The largest request body `serve` reads (413 beyond, before it is "
+        "read); less once the verifier's context is known: no more than a request could "
+        "use with it (a context's text as JSON, and the fields beside it).",
+    )
     # An agent that sets no limit would otherwise write until the verifier's context is
     # full (llama.cpp's server stops only there), minutes of a CPU verifier's time for an
     # answer that rambles. A limit that a long answer, code included, still fits in.

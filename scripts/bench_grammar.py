@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 
 from scripts.harness.cli import HelpFormatter, first_paragraph  # noqa: E402
-from server.shared.constraint import Grammars  # noqa: E402
 from server.shared.defaults import DEFAULT_VERIFIER_MODEL  # noqa: E402
+from server.shared.grammars import Grammars  # noqa: E402
 from server.shared.runtime import LlamaVocab  # noqa: E402
 
 SCHEMA = {

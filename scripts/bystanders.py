@@ -102,6 +102,7 @@ class Tally:
     ms: list[float] = field(default_factory=list)
     accepted: int = 0
     drafted: int = 0
+    verified: int = 0  # of the drafted tokens, those the verifier verified (draft_verified)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     said: dict = field(default_factory=dict)  # an error status's first type
@@ -301,6 +302,8 @@ class DraftRounds(Attacker):
                     with self.tally.lock:
                         self.tally.accepted += body["accepted_prefix_len"]
                         self.tally.drafted += self.k
+                        verified = body.get("draft_verified")
+                        self.tally.verified += self.k if verified is None else verified
                     n_past = body["total_tokens"]
                     if body["eos"]:
                         break
@@ -433,7 +436,9 @@ def rounds_attack(setup: Setup, attack: str) -> list[Row]:
         # The last id: a token no greedy pass picks here (a rare piece of the vocabulary).
         mallory = [DraftRounds(url, stop, tally, k, n_vocab - 1) for _ in range(MALLORY_SESSIONS)]
         during = under(mallory, stop, lambda: alice_rounds(url, ref, setup.rounds, setup.seconds))
-        accepted = f"{tally.accepted}/{tally.drafted} draft tokens accepted"
+        accepted = (
+            f"{tally.accepted}/{tally.drafted} draft tokens accepted, {tally.verified} verified"
+        )
         what = "alice's one-token rounds"
         rows = [
             Row("(alone)", what, alone.ms, alone.advised_zero() + errors(alone.errors)),

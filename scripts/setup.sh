@@ -61,6 +61,12 @@ gpu_build_failed() {
         "docs/gpu-server-and-mac.md" >&2
     exit 1
 }
+# llama-cpp-python also builds llama.cpp's common library and its multimodal one (mtmd),
+# most of its compile time: llama_cpp loads neither (mtmd only in its llava chat
+# handlers), nor does this project. Left out (scripts/llama_lean.cmake); the libraries it
+# loads are built as before.
+asked_cmake_args=${CMAKE_ARGS:-}
+export CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE=\"$PWD/scripts/llama_lean.cmake\"${asked_cmake_args:+ $asked_cmake_args}"
 if [ -n "$gpu" ]; then
     # Never a wheel pip cached from an earlier (CPU) build.
     export PIP_NO_CACHE_DIR=1 PIP_NO_BINARY=llama-cpp-python
@@ -69,24 +75,24 @@ if [ -n "$gpu" ] && .venv/bin/python -c 'import llama_cpp' 2>/dev/null && ! offl
     # pip keeps the installed build until the new one is built: a failed build leaves the
     # venv as it was.
     say "the installed llama-cpp-python has no GPU backend: it builds again for $gpu" \
-        "(about 10 minutes on 2 cores)"
+        "(about 5 minutes on 2 cores)"
     .venv/bin/python -m pip install --disable-pip-version-check -q --force-reinstall \
         --no-deps "llama-cpp-python>=0.3.36,<0.4" || gpu_build_failed
     rebuild=()
 fi
 
 # Reinstall only when the project's dependencies change.
-stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS-${CMAKE_ARGS:-}"
+stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-$EXTRAS-$asked_cmake_args"
 stamp+=${no_amx:+-no-amx}
 stamp=${stamp// /_}
 if [ ! -f "$stamp" ]; then
     say "installing hetero-specdecode[$EXTRAS] and its dependencies"
     if ! .venv/bin/python -c 'import llama_cpp' 2>/dev/null; then
-        say "llama-cpp-python builds from source: about 10 minutes on 2 cores, once"
+        say "llama-cpp-python builds from source: about 5 minutes on 2 cores, once"
     fi
     .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip
     if [ ${#rebuild[@]} -gt 0 ]; then
-        say "llama-cpp-python builds again, without AMX: about 10 minutes on 2 cores"
+        say "llama-cpp-python builds again, without AMX: about 5 minutes on 2 cores"
         .venv/bin/python -m pip install --disable-pip-version-check -q "${rebuild[@]}"
     fi
     if [ -n "$gpu" ]; then

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -43,6 +45,16 @@ REAL_MODEL_FIXTURES = frozenset({"verifier_model", "drafter_model", "gemma"})
 # The files that take longest, run first: a test worker (pytest-xdist) that starts one of
 # them late is the one the whole run waits for.
 LONGEST_FIRST = ("test_sampling_rounds.py", "test_sampling.py", "test_lossless.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One folder of the startup probe's verdicts for this run (its workers inherit it):
+    the first verifier of each configuration probes, the rest take its verdicts. Never
+    the user's own folder, so every run probes each configuration afresh."""
+    if "VERIFIER_PROBE_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="probe-verdicts-")
+        os.environ["VERIFIER_PROBE_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -37,7 +37,7 @@ from server.shared.machine import usable_cores
 from server.shared.runtime import LlamaRuntime
 
 if TYPE_CHECKING:
-    from server.shared.constraint import Grammars
+    from server.shared.grammars import Grammars
 
 # Tokens of one request beyond which it is decoded on its own (a prompt, not a draft step).
 MAX_SHARED_TOKENS = 32
@@ -78,7 +78,7 @@ class DraftContext:
         constraint.py: llguidance, imported here only when a generation has a grammar)."""
         with self._grammars_lock:
             if self._grammars is None:
-                from server.shared.constraint import Grammars
+                from server.shared.grammars import Grammars
 
                 self._grammars = Grammars(self.runtime.grammar_tokenizer, self.runtime.n_vocab)
             return self._grammars

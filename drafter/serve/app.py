@@ -5,7 +5,8 @@ The draft model is loaded at start where the verifier answers then (so that the 
 request does not wait for it), else on the first request that finds the verifier (so the
 server starts even while the verifier is down). Up to `--parallel` generations run at once, each
 on its own draft sequence and verifier connection (drafter/serve/slots.py); more wait in
-a bounded queue, and beyond it get 429. Bodies are capped in size and in the time they
+a bounded queue, and beyond it get 429. Bodies are capped in size (at most what a request
+could use with the verifier's context: drafter/serve/body_bounds.py) and in the time they
 take to arrive, like the verifier's.
 """
 
@@ -27,7 +28,6 @@ from server.shared.request_body import BodyLimit
 
 log = logging.getLogger("drafter.serve")
 
-MAX_BODY_BYTES = 4 << 20
 BODY_TIMEOUT_S = 30.0
 
 
@@ -52,7 +52,10 @@ def create_app(settings: DrafterSettings) -> FastAPI:
     app.include_router(router, prefix="/v1")
     app.include_router(router, include_in_schema=False)  # the paths local servers also take
     app.add_middleware(
-        BodyLimit, max_bytes=MAX_BODY_BYTES, timeout_s=BODY_TIMEOUT_S, reject=send_openai_error
+        BodyLimit,
+        max_bytes=backend.body_bounds,
+        timeout_s=BODY_TIMEOUT_S,
+        reject=send_openai_error,
     )
     # Outside the body limit: an unknown caller is refused before its body is read; and
     # outside that, CORS, so that a browser can read even a refusal.

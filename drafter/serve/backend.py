@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from drafter.drafters.model import DraftModel
 from drafter.drafters.model import where as draft_where
-from drafter.principals import Histories, serve_history_scope
+from drafter.principals import CacheScopes, Histories, serve_history_scope
 from drafter.request_options import RequestOptions
 from drafter.runner import (
     connect,
@@ -28,13 +28,14 @@ from drafter.runner import (
     speculative_loop,
     verifier_where,
 )
+from drafter.serve.body_bounds import BodyBounds
 from drafter.serve.chat_responses import SpeculativeFigures
 from drafter.serve.errors import PromptTooLong
 from drafter.serve.prompts import TextSide
 from drafter.serve.render_gate import RenderGate
 from drafter.serve.slots import GenerationSlot, SlotPool
 from drafter.serve.text_out import Emit, TextOut
-from drafter.settings import DrafterSettings
+from drafter.settings import DrafterSettings, HistoryScope
 from server.shared.info import InfoResponse
 from server.shared.prefix import common_prefix_len
 from server.shared.protocol import PromptInput
@@ -88,8 +89,11 @@ class SpeculativeBackend:
     def __init__(self, settings: DrafterSettings):
         self.settings = settings
         # The suffix drafter's histories: each principal's own (drafter/principals.py).
-        self.histories = Histories(settings, serve_history_scope(settings))
+        scope = serve_history_scope(settings)
+        self.histories = Histories(settings, scope)
         log.info("drafting from history: %s", self.histories.describe())
+        # The slots' caches and the verifier's: each principal's too.
+        self.caches = CacheScopes(scope, from_auto=settings.history_scope is HistoryScope.auto)
         self.pool: SlotPool | None = None
         self.info: InfoResponse | None = None
         self.model_id = "hetero-specdecode"
@@ -98,6 +102,7 @@ class SpeculativeBackend:
         self._loading = asyncio.Lock()
         self._workers = ThreadPoolExecutor(settings.parallel, thread_name_prefix="generation")
         self.render_gate = RenderGate(settings.parallel, settings.queue)
+        self.body_bounds = BodyBounds(settings.max_body_bytes)  # the context's, at load
         self.max_prompt_chars = 0  # the most text the verifier's context can hold: at load
         self._running: set[threading.Event] = set()
 
@@ -163,6 +168,11 @@ class SpeculativeBackend:
         self.system_fingerprint = fingerprint(self.info, first.name)
         if note:
             log.info("%s", note)
+        if not self.info.cache_scopes and not self.caches.shared:
+            log.warning(
+                "the verifier takes no cache_scope: its cached prompts are shared among "
+                "`serve`'s clients, whose cached_tokens tell how long a prefix they share"
+            )
         log.info(
             "draft model %s ready on %s for verifier %s on %s; generations at once: %d",
             first.name,
@@ -175,6 +185,7 @@ class SpeculativeBackend:
         vocab = self.target or first.runtime
         longest = max((len(piece) for piece in vocab.vocab_pieces()), default=1)
         self.max_prompt_chars = self.info.n_ctx * max(1, longest)
+        self.body_bounds.learn(self.info.n_ctx, self.max_prompt_chars)
         slots = [GenerationSlot(m, c) for m, c in zip(models, clients, strict=True)]
         return SlotPool(slots, self.settings.queue)
 
@@ -245,6 +256,8 @@ class SpeculativeBackend:
             # sample-and-match is lossless without one (as the CLI does).
             options = options.through_text()
         assert self.info is not None
+        principal = self.caches.of(generation.principal)
+        slot.claim(principal)  # before its length memory is read
         slot.client.abandoned = generation.cancel.is_set
         loop = speculative_loop(
             model, slot.client, self.info, self.settings, options, self.target,
@@ -257,7 +270,8 @@ class SpeculativeBackend:
             0 if self.target else common_prefix_len(model.cached_tokens, generation.prompt_ids)
         )
         out = TextOut(self.text_side(model).token_bytes, generation.stop, generation.emit)
-        rounds = loop.run(options.prefill(generation.prompt), options.max_tokens)
+        scope = self.caches.verifier_scope(principal) if self.info.cache_scopes else None
+        rounds = loop.run(options.prefill(generation.prompt, scope), options.max_tokens)
         with contextlib.closing(rounds):  # closing the loop ends the verifier session
             for event in rounds:
                 out.feed(event.tokens, event.logprobs)

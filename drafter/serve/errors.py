@@ -187,6 +187,8 @@ def install_error_handlers(app: FastAPI) -> None:
             error = invalid_request(NESTED_TOO_DEEP, code="invalid_json")
         elif isinstance(unreadable := exc.__cause__, UnreadableText):
             error = invalid_request(str(unreadable), param=unreadable.where, code="invalid_json")
+        elif isinstance(exc.__cause__, QueueFull):  # too many bodies being parsed at once
+            error = as_openai_error(exc.__cause__)
         elif exc.status_code == 404:
             error = OpenAIError(
                 404, f"no route {request.url.path}", "invalid_request_error", "not_found"

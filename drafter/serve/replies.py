@@ -214,7 +214,7 @@ async def begin_choice(
 ) -> Started | None:
     """The choice admitted (QueueFull at once if the queue is full), given a slot, and
     started; None if the client leaves while it waits. `principal`: whose key it came
-    with, whose history it may be drafted from."""
+    with, whose history and caches it may be drafted from."""
     events: asyncio.Queue = asyncio.Queue()  # (text, logprobs) pairs, then _DONE
     loop = asyncio.get_running_loop()
 
@@ -233,7 +233,8 @@ async def begin_choice(
         principal=principal,
     )
     gone.add_done_callback(lambda _: generation.cancel.set())
-    slot = await first_unless_gone(pool.admit(generation.prompt_ids), gone, pool.release)
+    turn = pool.admit(generation.prompt_ids, backend.caches.of(principal))
+    slot = await first_unless_gone(turn, gone, pool.release)
     if slot is None:
         return None
     running = backend.start(slot, generation)  # from here the slot is its

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from drafter.serve.backend import SpeculativeBackend
+from drafter.serve.body_bounds import parse_body
 from drafter.serve.chat_api import ChatCompletionRequest, CompletionRequest
 from drafter.serve.chat_responses import ChatCompletion, Completion, ModelCard, ModelList
 from drafter.serve.chat_writer import Reply
@@ -20,7 +21,6 @@ from drafter.serve.prompts import Prompted, TextSide, chat_prompts, completion_p
 from drafter.serve.replies import answer, check_fields, count_prompt_tokens
 from drafter.serve.responses_api import ResponsesRequest
 from drafter.serve.responses_writer import ResponsesWriter
-from server.shared.request_body import read_json
 
 
 async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thread hop
@@ -29,13 +29,14 @@ async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thre
 
 class _ReadJSON(Request):
     async def json(self) -> Any:
-        return read_json(await self.body())
+        return await parse_body(await self.body(), self.app.state.backend.render_gate)
 
 
 class JSONRoute(APIRoute):
-    """A route whose JSON body is read by `read_json`: text that is not Unicode (a lone
-    surrogate anywhere in it, in a schema as in a message) is refused, its field named
-    (drafter/serve/errors.py), before any work."""
+    """A route whose JSON body is read by `read_json` (a large one off the event loop:
+    drafter/serve/body_bounds.py): text that is not Unicode (a lone surrogate anywhere in
+    it, in a schema as in a message) is refused, its field named (drafter/serve/errors.py),
+    before any work."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()

@@ -3,8 +3,11 @@ and a bounded queue of requests waiting for one.
 
 A request takes the free slot whose cached tokens share the longest prefix with its
 prompt (llama-server picks a slot the same way): a chat app's next turn lands where its
-conversation is cached, and a title request beside it does not evict it. Event-loop
-only: `admit`, `acquire` and `release` are called on the server's event loop.
+conversation is cached, and a title request beside it does not evict it. Only a slot
+whose last request was the same principal's counts its cache (drafter/principals.py,
+CacheScopes): another's is no prefix of this request's to reuse, nor to learn the length
+of; the generation empties it (`claim`). Event-loop only: `admit`, `acquire` and
+`release` are called on the server's event loop.
 
 A request's place is taken when it is admitted, in the same step as the check, with no
 await between them: a burst cannot all pass the check before any of it is counted.
@@ -31,18 +34,35 @@ class GenerationSlot:
     last_used: int = field(default=0)
     # What `auto` measured in this slot's earlier generations (the machine's, the link's).
     length_memory: LengthMemory = field(default_factory=LengthMemory)
+    principal: str | None = None  # whose caches it holds (its last generation's principal)
+
+    def claim(self, principal: str | None) -> None:
+        """Made `principal`'s before its generation: another's cached tokens and
+        measurements go, so that neither its draft cache nor how `auto` starts tells it
+        what the other sent. Worker thread, while the slot is taken."""
+        if principal != self.principal:
+            self.model.reset()
+            self.length_memory = LengthMemory()
+            self.principal = principal
 
 
 class QueueFull(Exception):
     """Every slot is busy and the queue is full: the client should come back later."""
 
 
-def best_slot(free: Sequence[GenerationSlot], prompt_ids: Sequence[int]) -> GenerationSlot:
-    """The longest cached prefix of the prompt; among equals, the least recently used
-    (its cache is the one least likely to be wanted again)."""
-    return max(
-        free, key=lambda s: (common_prefix_len(s.model.cached_tokens, prompt_ids), -s.last_used)
-    )
+def best_slot(
+    free: Sequence[GenerationSlot], prompt_ids: Sequence[int], principal: str | None = None
+) -> GenerationSlot:
+    """The longest cached prefix of the prompt among `principal`'s slots (another's
+    counts as empty); among equals, the least recently used (its cache is the one least
+    likely to be wanted again)."""
+
+    def reused(slot: GenerationSlot) -> int:
+        if slot.principal != principal:
+            return 0
+        return common_prefix_len(slot.model.cached_tokens, prompt_ids)
+
+    return max(free, key=lambda s: (reused(s), -s.last_used))
 
 
 class SlotPool:
@@ -62,14 +82,17 @@ class SlotPool:
     def waiting(self) -> int:
         return sum(not turn.done() for turn in self._queue)
 
-    def admit(self, prompt_ids: Sequence[int]) -> asyncio.Future[GenerationSlot]:
-        """The request's turn, taken now: a future that holds its slot, at once where one
-        is free, else once the requests before it have theirs; QueueFull at once where the
+    def admit(
+        self, prompt_ids: Sequence[int], principal: str | None = None
+    ) -> asyncio.Future[GenerationSlot]:
+        """The request's turn, taken now: a future that holds its slot (the best of
+        `principal`'s caches, `best_slot`) at once where one is free, else the first
+        given back once the requests before it have theirs; QueueFull at once where the
         queue is full. Cancelling the turn leaves the queue; a slot it got goes back with
         `release`."""
         turn: asyncio.Future[GenerationSlot] = asyncio.get_running_loop().create_future()
         if self._free:
-            turn.set_result(self._take(best_slot(self._free, prompt_ids)))
+            turn.set_result(self._take(best_slot(self._free, prompt_ids, principal)))
             return turn
         if self.waiting >= self.max_waiting:
             raise QueueFull(
@@ -80,10 +103,12 @@ class SlotPool:
         turn.add_done_callback(self._left)
         return turn
 
-    async def acquire(self, prompt_ids: Sequence[int]) -> GenerationSlot:
+    async def acquire(
+        self, prompt_ids: Sequence[int], principal: str | None = None
+    ) -> GenerationSlot:
         """Admitted and waited for; cancelling the wait leaves the queue, or gives back the
         slot it got."""
-        turn = self.admit(prompt_ids)
+        turn = self.admit(prompt_ids, principal)
         try:
             return await turn
         except asyncio.CancelledError:

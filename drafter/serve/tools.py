@@ -17,6 +17,8 @@ ones) have no place for them.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import uuid
 from typing import Any
 
@@ -28,6 +30,8 @@ from drafter.serve.errors import invalid_request
 from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS, held_schema
 from server.shared.protocol import MAX_GRAMMAR_CHARS, Grammar
 
+log = logging.getLogger("drafter.serve")
+
 OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 OPENING, CLOSING = OPEN.strip(), CLOSE.strip()
 # A text with no call's opening anywhere in it; and a text that ends at its first opening
@@ -36,6 +40,9 @@ OPENING, CLOSING = OPEN.strip(), CLOSE.strip()
 TEXT = f"/(.|\\n)+/ & ~/(?s:.*){OPENING}(?s:.*)/"
 OPENED = f"/(?s:.*){OPENING}\\n/ & ~/(?s:.*){OPENING}(?s:.){{2,}}/"
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+# What a model's escape of half a pair (`\ud800`, valid JSON) decodes to: no UTF-8 can
+# carry it, so no body or event with it could be written.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def request_grammar(request: _Request) -> Grammar | None:
@@ -161,7 +168,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     while text.startswith(OPENING, end):
         try:
             called, end = decoder.raw_decode(text, _skip_space(text, end + len(OPENING)))
-            name, arguments = called["name"], json.dumps(called["arguments"])
+            name, arguments = _unicode(called["name"]), _arguments(called["arguments"])
         except (ValueError, KeyError, TypeError, RecursionError):  # cut, or nested too deep
             break
         end = _skip_space(text, end)
@@ -171,6 +178,23 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
         function = CalledFunction(name=name, arguments=arguments)
         calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", function=function))
     return text[:at].rstrip(), calls
+
+
+def _unicode(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError("a call's name is a string")
+    return LONE_SURROGATE.sub("\ufffd", name)
+
+
+def _arguments(value: Any) -> str:
+    """A call's arguments as JSON text, each lone surrogate the model escaped into them
+    written as U+FFFD (as a byte that is not UTF-8 is in its text): every API's body and
+    events, which carry them as text (chat, Responses) or as JSON (Messages), stay Unicode."""
+    text = json.dumps(value, ensure_ascii=False)  # a lone surrogate left as it is, not escaped
+    if LONE_SURROGATE.search(text) is not None:
+        log.warning("a tool call's arguments held a lone surrogate: written as U+FFFD")
+        value = json.loads(LONE_SURROGATE.sub("\ufffd", text))  # only inside its strings
+    return json.dumps(value)
 
 
 def _skip_space(text: str, at: int) -> int:

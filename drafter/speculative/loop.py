@@ -27,7 +27,7 @@ from drafter.length.lookup_gate import LookupGate
 from drafter.length.plain_lengths import FixedLength
 from drafter.speculative.candidates import Draft, Drafter, DraftLength, RoundTiming
 from drafter.speculative.draft_readiness import catches_up, drafts_soon, holds_back
-from drafter.speculative.remote_session import RemoteSessions
+from drafter.speculative.remote_session import RemoteSessions, within_limit
 from drafter.speculative.round_parts import count_round, round_timing, verify_request
 from drafter.speculative.speculation import SpeculationCache
 from drafter.speculative.stats import GenerationStats
@@ -40,7 +40,7 @@ from server.shared.protocol import (
     VerifyResponse,
 )
 
-FinishReason = Literal["eos", "max_tokens", "context_full", "interrupted"]
+FinishReason = Literal["eos", "max_tokens", "grammar_limit", "context_full", "interrupted"]
 # Consecutive lost sessions before giving up (a verifier evicting everything, say).
 MAX_RECOVERIES_IN_A_ROW = 3
 # A thread waiting for the GIL otherwise waits a whole switch interval (5 ms) for it:
@@ -109,8 +109,7 @@ class SpeculativeLoop:
         self.verifier = verifier
         self.draft_length = draft_length_of(draft_n)
         self.n_ctx = n_ctx
-        self.pipeline = pipeline
-        self.clock = clock
+        self.pipeline, self.clock = pipeline, clock
         self.speculation = SpeculationCache(drafter, branches, clock=clock) if pipeline else None
         self.vocab = vocab
         self.lookups, self.mark_lookups = lookups, mark_lookups
@@ -119,8 +118,8 @@ class SpeculativeLoop:
         # Learned as rounds go: a round trip, a drafted token (what speculation has).
         self._wait_s, self._token_s = float("inf"), 0.0
         self.warming = Warming()
-        # The draft model lacks committed tokens: it catches up in rounds without a draft.
-        self._behind = False
+        self._behind = False  # the draft model lacks committed tokens: rounds without drafts
+        self._grammar_bound = False  # the verifier's bound on a grammar's tokens holds
 
     @property
     def session_id(self) -> str | None:
@@ -157,6 +156,7 @@ class SpeculativeLoop:
                 self.warming.stop()
             prompt_len = len(opened.prompt_ids) - prefill.generated_tokens
             follow_rules(self.drafter, prefill, prompt_len)
+            max_tokens, self._grammar_bound = within_limit(max_tokens, opened, prefill)
             yield from self._rounds(prefill, session, sender, max_tokens)
         finally:
             self.warming.wait()  # no thread left using the draft model after the run
@@ -249,7 +249,7 @@ class SpeculativeLoop:
         result = self.result
         remaining = max_tokens - len(result.tokens)
         if remaining <= 0:
-            result.finish_reason = "max_tokens"
+            result.finish_reason = "grammar_limit" if self._grammar_bound else "max_tokens"
             return None
         room = self.n_ctx - len(committed)  # a round needs committed + k <= n_ctx
         if room < 0:

@@ -58,3 +58,15 @@ class RemoteSessions:
         # and a failed cleanup must not hide the result.
         with contextlib.suppress(Exception):
             self.verifier.delete_session(session_id)
+
+
+def within_limit(
+    max_tokens: int, opened: PrefillResponse, request: PrefillRequest
+) -> tuple[int, bool]:
+    """The tokens a generation may ask for: `max_tokens`, or fewer where the verifier
+    bounds the session's (`grammar_token_limit`: its grammar's end unproven; the request's
+    generated_tokens counted); and whether that bound is the one that holds."""
+    limit, generated = opened.grammar_token_limit, request.generated_tokens
+    if limit is None or limit - generated >= max_tokens:
+        return max_tokens, False
+    return max(0, limit - generated), True

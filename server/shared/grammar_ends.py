@@ -5,10 +5,12 @@ the grammar; the verifier refuses them where it compiles them instead.
 
 Both checks find the parts of a grammar that can produce a complete text (the productive
 symbols of a context-free grammar), in time linear in its size: a part is productive once
-all of what it needs is, or one of its alternatives. They are conservative: a grammar is
-refused only when proven empty; a part the check does not read (a rule in llguidance's own
-extensions to Lark, a `$ref` to another document) counts as productive, so a grammar
-whose every way to an end goes through one passes to llguidance as it is.
+all of what it needs is, or one of its alternatives. A part the check does not read (a rule
+in llguidance's own extensions to Lark, a `$ref` to another document) may or may not end:
+the graph is read twice, once with such parts productive, once not. A grammar is refused
+only when it has no end either way ("never"); one that ends only with them productive is
+"unknown": accepted, and the verifier bounds the tokens its sessions may generate
+(VERIFIER_GRAMMAR_UNPROVEN_TOKENS), as it cannot rely on the grammar's end.
 
 The check is pure Python, run where a grammar is compiled, before llguidance: a grammar's
 size is bounded before it begins (`grammar_bounds`, server/shared/grammar_text.py) and its
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote, urldefrag, urljoin
 
 from lark import Tree
@@ -31,6 +33,9 @@ from server.shared.grammar_text import GOES_ON, CheckTimeout
 from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS
 
 NEVER_ENDS = "the grammar can never end: every way through it refers back to itself"
+# What the check finds: the grammar can end; it can never end; or every way to an end it
+# found goes through a part it does not read.
+Ending = Literal["ends", "never", "unknown"]
 _CHECK_EVERY = 1024  # steps between two reads of the clock
 # The empty string, which Lark refuses as a terminal: as productive as any other terminal.
 _EMPTY = re.compile(r'(?<![\\"])""(?!")')
@@ -52,22 +57,28 @@ def _statements(text: str) -> Iterable[str]:
         yield "\n".join(lines)
 
 
+def grammar_end(
+    kind: str, grammar: str, schema: Any = None, deadline: float | None = None
+) -> Ending:
+    """Whether a grammar can end. `grammar` is llguidance's grammar text for `lark` and
+    `gbnf`; `schema` the object of a `json_schema`; a regex ends (each text it matches is
+    finite). Past `deadline` (a `time.perf_counter()`): `CheckTimeout`."""
+    clock = _Clock(deadline)
+    ending: Ending = "ends"
+    if kind in ("lark", "gbnf"):
+        ending = _lark_ending(_EMPTY.sub('"_"', grammar), clock)
+    elif kind == "json_schema":
+        ending = _schema_ending(schema, clock)
+    if deadline is not None and time.perf_counter() > deadline:
+        raise CheckTimeout
+    return ending
+
+
 def never_ends(
     kind: str, grammar: str, schema: Any = None, deadline: float | None = None
 ) -> str | None:
-    """Why a grammar can never end (None: it can, or the check cannot tell). `grammar` is
-    llguidance's grammar text for `lark` and `gbnf`; `schema` the object of a
-    `json_schema`. Past `deadline` (a `time.perf_counter()`): `CheckTimeout`."""
-    clock = _Clock(deadline)
-    if kind in ("lark", "gbnf"):
-        productive = _lark_productive(_EMPTY.sub('"_"', grammar), clock)
-    elif kind == "json_schema":
-        productive = _schema_productive(schema, clock)
-    else:
-        return None
-    if deadline is not None and time.perf_counter() > deadline:
-        raise CheckTimeout
-    return None if productive is not False else NEVER_ENDS
+    """Why a grammar can never end (None: it can, or the check cannot tell)."""
+    return NEVER_ENDS if grammar_end(kind, grammar, schema, deadline) == "never" else None
 
 
 class _Clock:
@@ -85,12 +96,14 @@ class _Clock:
 
 
 class _Gates:
-    """An and-or graph: a gate holds once all its children do (`all`) or one (`any`)."""
+    """An and-or graph: a gate holds once all its children do (`all`) or one (`any`).
+    `unread` stands for the parts the check does not read: held or not, as asked."""
 
     def __init__(self, clock: _Clock) -> None:
         self.missing: list[int] = []  # children still needed before the gate holds
         self.parents: list[list[int]] = []
         self.clock = clock
+        self.unread = self.new("any", 0)
 
     def new(self, kind: str, n_children: int) -> int:
         self.missing.append(n_children if kind == "all" else min(1, n_children) or 1)
@@ -101,28 +114,36 @@ class _Gates:
         for child in children:
             self.parents[child].append(gate)
 
-    def holding(self) -> set[int]:
-        held = {g for g, m in enumerate(self.missing) if m == 0}
+    def holding(self, unread_holds: bool) -> set[int]:
+        missing = list(self.missing)
+        if unread_holds:
+            missing[self.unread] = 0
+        held = {g for g, m in enumerate(missing) if m == 0}
         queue = list(held)
         while queue:
             self.clock.tick()
             for parent in self.parents[queue.pop()]:
                 if parent not in held:
-                    self.missing[parent] -= 1
-                    if self.missing[parent] == 0:
+                    missing[parent] -= 1
+                    if missing[parent] == 0:
                         held.add(parent)
                         queue.append(parent)
         return held
 
+    def ending(self, root: int) -> Ending:
+        if root not in self.holding(unread_holds=True):
+            return "never"
+        return "ends" if root in self.holding(unread_holds=False) else "unknown"
 
-def _lark_productive(text: str, clock: _Clock) -> bool | None:
+
+def _lark_ending(text: str, clock: _Clock) -> Ending:
     """From the rules as Lark parses them, each statement on its own, not as it compiles
     them: compiling multiplies out every optional and alternative (exponential in their
     nesting), and Lark's loading resolves terminals into each other (quadratic in their
     number; a terminal is productive whatever it is). A statement Lark does not read (an
-    extension of llguidance's) leaves its rule unread: productive, whatever it refers to.
-    `%import`s are never followed (they would read files of the server's): what they
-    name is not defined here, so it is productive too."""
+    extension of llguidance's) leaves its rule unread, whatever it refers to. `%import`s
+    are never followed (they would read files of the server's): a rule they name is not
+    defined here, so it is unread too (a terminal is productive, whatever it is)."""
     builder = GrammarBuilder()
     definitions: dict[str, Any] = {}  # a rule's tree; None: unread, or defined twice
     for statement in _statements(text):
@@ -145,7 +166,7 @@ def _lark_productive(text: str, clock: _Clock) -> bool | None:
                 definitions[name] = None if unread else tree
     rules = {name: tree for name, tree in definitions.items() if tree is not None}
     if "start" not in rules:
-        return None  # no start, or one the check does not read
+        return "unknown"  # no start, or one the check does not read
     gates = _Gates(clock)
     always = gates.new("all", 0)
     names = {name: gates.new("any", 1) for name in rules}
@@ -153,17 +174,17 @@ def _lark_productive(text: str, clock: _Clock) -> bool | None:
         for name, tree in rules.items():
             gates.link(names[name], [_lark_gate(tree, gates, names, always)])
     except RecursionError:
-        return None
-    return names["start"] in gates.holding()
+        return "unknown"
+    return gates.ending(names["start"])
 
 
 def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> int:
     """The gate of a part of a rule: alternatives hold once one does, a sequence once all
     do; `x?`, `x*`, `[x]` and `x ~ 0..n` always hold, `x+` and `x ~ n..m` once x does; a
-    terminal, and a rule not read, always hold."""
+    terminal always holds; a rule not read, and a template's use, are unread."""
     gates.clock.tick()
     if isinstance(tree, NonTerminal):
-        return names.get(tree.name, always)
+        return names.get(tree.name, gates.unread)
     if not isinstance(tree, Tree):
         return always
     kind, children = tree.data, tree.children
@@ -180,16 +201,22 @@ def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> 
         return always if optional else _lark_gate(children[0], gates, names, always)
     if kind == "value" and children:
         return _lark_gate(children[0], gates, names, always)
-    return always  # a literal, a terminal, `[x]`, a template's use
+    if kind == "template_usage":
+        return gates.unread
+    return always  # a literal, a terminal, `[x]`
 
 
-def _schema_productive(schema: Any, clock: _Clock) -> bool | None:
+def _schema_ending(schema: Any, clock: _Clock) -> Ending:
+    if schema is True:  # any value
+        return "ends"
     if not isinstance(schema, dict):
-        return None
+        return "unknown"
     walk = _SchemaWalk(schema, clock)
-    return walk.root in walk.gates.holding()
+    return walk.gates.ending(walk.root)
 
 
+# What a `$ref` the check cannot resolve refers to: a schema it does not read.
+UNREAD = object()
 # Where a schema without an `$id` of its own is held: a base its relative `$id`s and
 # `$ref`s resolve against, as a validator's default one.
 _BASE = "https://schema.invalid/root.json"
@@ -242,17 +269,17 @@ class _Resources:
     def resolve(self, ref: Any, base: str) -> tuple[Any, str]:
         """What a `$ref` found at `base` refers to, and its base: a JSON pointer (its
         fragment percent-decoded first, as a URI's) or an anchor into one of the schema's
-        documents; True, which holds, for anything else (another document: llguidance
-        resolves or refuses it)."""
+        documents; `UNREAD` for anything else (another document: llguidance resolves or
+        refuses it)."""
         if not isinstance(ref, str):
-            return True, base
+            return UNREAD, base
         uri, fragment = (base, ref[1:]) if ref.startswith("#") else urldefrag(_joined(base, ref))
         node = self.documents.get(uri)
         if node is None or uri in self.twice:
-            return True, base
+            return UNREAD, base
         fragment = unquote(fragment)
         if fragment and not fragment.startswith("/"):
-            node = self.anchors.get((uri, fragment), True)
+            node = self.anchors.get((uri, fragment), UNREAD)
             return node, self.base.get(id(node), uri)
         for part in fragment.split("/")[1:]:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -261,7 +288,7 @@ class _Resources:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
-                return True, base
+                return UNREAD, base
         return node, self.base.get(id(node), uri)
 
 
@@ -301,6 +328,8 @@ class _SchemaWalk:
     def gate(self, node: Any, base: str) -> int:
         if node is False:
             return self.never
+        if node is UNREAD:
+            return self.gates.unread
         if not isinstance(node, dict):
             return self.always
         if id(node) not in self.seen:

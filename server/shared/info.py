@@ -87,6 +87,9 @@ class InfoResponse(ResponseModel):
     )
     prefix_cache: bool = Field(False, description="ended sessions' prompts kept and reused")
     lookup_drafts: bool = Field(False, description="rounds may say draft_kind 'lookup'")
+    cache_scopes: bool = Field(
+        False, description="a prefill may carry cache_scope (prefix reuse within it only)"
+    )
     lookup_sizing: bool = Field(
         False, description="a lookup's draft may carry draft_accept (the verifier sizes it)"
     )

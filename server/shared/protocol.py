@@ -36,6 +36,9 @@ SESSION_ID = re.compile(SESSION_ID_PATTERN)
 # Repeats the session id of /prefill, /verify and DELETE /sessions/{id} where a load
 # balancer can hash it without reading the body (see the README's protocol section).
 SESSION_ID_HEADER = "X-Session-Id"
+# A cache scope is a proxy's opaque name for one of its own clients (a keyed hash, never
+# the client's key): letters, digits, '-' and '_', bounded like a session id.
+CACHE_SCOPE_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # Which strategies keep the output distributed exactly as the verifier's own: all but one.
 LOSSLESS: dict[Strategy, bool] = {strategy: strategy != Strategy.threshold for strategy in Strategy}
 # Hard schema caps; the server's configured limits (max_draft, n_ctx) are tighter.
@@ -197,6 +200,15 @@ class PrefillRequest(PromptInput):
         "every request of the session by its X-Session-Id header; 409 session_exists if "
         "one has it. Without it the server chooses",
     )
+    cache_scope: str | None = Field(
+        None,
+        pattern=CACHE_SCOPE_PATTERN,
+        exclude_if=lambda v: v is None,
+        description="a proxy's opaque name for the client it opens the session for (1 to "
+        "64 letters, digits, '-' or '_'): cached prefixes are reused only within the same "
+        "API key and scope, so that its clients cannot read each other's prompts from "
+        "cached_tokens. Without it, within the API key",
+    )
 
 
 class PrefillResponse(ResponseModel):
@@ -208,11 +220,19 @@ class PrefillResponse(ResponseModel):
     lossless: bool
     cached_tokens: int = Field(
         0,
-        description="prompt tokens taken from a cached prefix of the same API key, not "
-        "evaluated again",
+        description="prompt tokens taken from a cached prefix of the same API key (and "
+        "cache_scope), not evaluated again",
     )
     advised_draft: int | None = Field(
         None, description="the draft length the verifier advises the first round (as /verify's)"
+    )
+    grammar_token_limit: int | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="where the verifier cannot prove the session's grammar can end (a way to "
+        "its end through a rule or `$ref` it does not read): the most tokens the session may "
+        "generate, the prompt's generated_tokens counted; a round that could pass it is "
+        "refused (400 grammar_token_limit). None: no limit but the context",
     )
 
 
@@ -338,6 +358,11 @@ class GenerateResponse(ResponseModel):
     text: str
     eos: bool
     timings: GenerateTimings
+    grammar_token_limit: int | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="as /prefill's: the tokens stop there, where the grammar's end is unproven",
+    )
 
 
 class HealthResponse(ResponseModel):

@@ -4,7 +4,8 @@ Pure ASGI (no web framework imported), so the verifier and `serve` share it. A b
 `max_bytes` is refused as soon as its Content-Length says so, or while it arrives
 (chunked); one that trickles in slower than `timeout_s` is refused with 408 and the
 connection closed, so a client cannot hold the server with a half-sent body. How an
-error is written is the app's own (each server has its error shape): `reject`.
+error is written is the app's own (each server has its error shape): `reject`. The cap
+may be a function of the request (`BodyCap`): what a body to that path can use.
 
 `read_json` is how both servers read a JSON body once it is in: UTF-8 only, and no
 string in it that UTF-8 cannot encode.
@@ -27,6 +28,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # reject(scope, send, status, code, message): write the error response (in the shape of
 # the API at scope's path).
 Reject = Callable[[Scope, Send, int, str, str], Awaitable[None]]
+# A body's cap for the request at scope, and why it is that (a phrase the 413 ends with,
+# or ""): asked before the body is read.
+BodyCap = Callable[[Scope], tuple[int, str]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 NESTED_TOO_DEEP = "the request body is nested too deep to read as JSON"
@@ -136,16 +140,20 @@ async def read_body(receive: Receive, max_bytes: int) -> bytes | None:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_s: float, reject: Reject):
+    def __init__(self, app: ASGIApp, *, max_bytes: int | BodyCap, timeout_s: float, reject: Reject):
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.reject = reject
 
+    def cap(self, scope: Scope) -> tuple[int, str]:
+        return self.max_bytes(scope) if callable(self.max_bytes) else (self.max_bytes, "")
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
-        too_large = f"the body is over {self.max_bytes} bytes"
+        max_bytes, why = self.cap(scope)
+        too_large = f"the body is over {max_bytes} bytes" + (f", {why}" if why else "")
         for name, value in scope["headers"]:
             if name.lower() == b"content-length":
                 try:
@@ -154,13 +162,13 @@ class BodyLimit:
                     return await self.reject(
                         scope, send, 400, "invalid_request", "bad Content-Length"
                     )
-                if declared > self.max_bytes:
+                if declared > max_bytes:
                     return await self.reject(scope, send, 413, "payload_too_large", too_large)
         try:
             # From the headers on: a client that sends headers and never a byte of its
             # body is held to the same limit as one that trickles it.
             async with asyncio.timeout(self.timeout_s):
-                body = await read_body(receive, self.max_bytes)
+                body = await read_body(receive, max_bytes)
         except TimeoutError:
             scope.setdefault("state", {})["body_timeout"] = True
             return await self.reject(

@@ -79,6 +79,13 @@ class ContextOverflow(APIError):
     error_type = "context_overflow"
 
 
+class GrammarTokenLimit(APIError):
+    """A round that could take a session past the tokens its grammar may generate, where
+    the verifier cannot prove the grammar ends (VERIFIER_GRAMMAR_UNPROVEN_TOKENS)."""
+
+    error_type = "grammar_token_limit"
+
+
 class PromptTooLong(APIError):
     """A prompt text longer than any that can fit a session's context: refused before it
     is tokenized."""

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from server.shared.defaults import DEFAULT_VERIFIER_MODEL
+from server.shared.defaults import DEFAULT_VERIFIER_MODEL, default_cache_dir
 from server.shared.strict import unknown_variables
 from server.verifier.decoding.copy_draft import COPY_NGRAM, RESYNC_SPAN
 
@@ -83,6 +83,13 @@ class VerifierSettings(BaseSettings):
         "drafters share passes instead of taking turns in groups (holds take at most a "
         "fifth of the decoding time)",
     )
+    key_present_s: float = Field(
+        1.0,
+        ge=0.0,
+        description="seconds an API key counts as present after its last round or prompt: "
+        "while another key is present, each client's draft is verified only as far as its "
+        "session's advice (one token at least); 0 = only while another key has work queued",
+    )
     verify_fast_path: bool = Field(
         True,
         description="answer POST /verify before Starlette's routing and FastAPI's request "
@@ -102,6 +109,12 @@ class VerifierSettings(BaseSettings):
         ge=0.0,
         description="what one forward pass costs, in rows: the planner pads and fills up to "
         "this many rows to save a pass; 0 = measured by the startup probe",
+    )
+    probe_cache_dir: str = Field(
+        default_factory=lambda: default_cache_dir("probe"),
+        description="where the startup probe keeps its verdicts: a start on the same build, "
+        "model file, shapes, threads, device and probe code takes them instead of probing "
+        "again (its passes are timed at every start); empty = probe at every start",
     )
     prefix_cache: bool = Field(
         True,
@@ -193,6 +206,14 @@ class VerifierSettings(BaseSettings):
         ge=0,
         description="longest a grammar may take to compile (with its first mask); longer is "
         "refused with 400, and so is the same grammar again (0 = no limit)",
+    )
+    grammar_unproven_tokens: int = Field(
+        4096,
+        ge=0,
+        description="most tokens a session may generate under a grammar the verifier cannot "
+        "prove can end (a way to its end through a rule or `$ref` the check does not read): "
+        "a round past it is refused with 400 grammar_token_limit, and the prefill names the "
+        "bound (0 = no bound but the context)",
     )
     grammar_max_mb: int = Field(
         64, ge=0, description="most memory one compiled grammar may take, in MB (0 = no limit)"

@@ -11,7 +11,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from drafter.serve.app import MAX_BODY_BYTES, create_app
+from drafter.serve.app import create_app
 from drafter.serve.backend import Finished
 from drafter.serve.chat_responses import CalledFunction, ToolCall
 from drafter.serve.chat_writer import Answered
@@ -211,7 +211,7 @@ def test_the_messages_paths_answer_every_failure_in_anthropic_shape(api):
     anthropic_error(bad_json, 400, "invalid_request_error", "JSON")
     huge = api.post(
         "/v1/messages",
-        content=b"x" * (MAX_BODY_BYTES + 1),
+        content=b"x" * (DrafterSettings().max_body_bytes + 1),
         headers={"content-type": "application/json"},
     )
     anthropic_error(huge, 413, "request_too_large")

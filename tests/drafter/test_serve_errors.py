@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from drafter.errors import VerifierRejected, VerifierUnavailable
-from drafter.serve.app import MAX_BODY_BYTES, create_app
+from drafter.serve.app import create_app
 from drafter.serve.errors import as_openai_error
 from drafter.serve.slots import QueueFull
 from drafter.settings import DrafterSettings
@@ -116,7 +116,7 @@ def test_malformed_json_and_huge_error_lists_give_short_answers(api):
 
 
 def test_bodies_over_the_limit_are_413_before_being_read(api):
-    huge = b"x" * (MAX_BODY_BYTES + 1)
+    huge = b"x" * (DrafterSettings().max_body_bytes + 1)
     response = api.post(
         "/v1/completions", content=huge, headers={"content-type": "application/json"}
     )

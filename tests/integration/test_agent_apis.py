@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import anthropic
 import httpx
@@ -14,9 +15,10 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from drafter.serve.body_bounds import OTHER_FIELDS_BYTES
 from scripts.harness.local import LocalServe
 from scripts.harness.metrics import Metrics
-from tests.conftest import TEST_THREADS
+from tests.conftest import TEST_N_CTX, TEST_THREADS
 from tests.fixtures.agent_requests import captured, with_cch
 from tests.integration.test_openai_api import WEATHER
 
@@ -464,16 +466,35 @@ def test_codexs_request_with_a_hosted_tool_beside_a_function_is_answered(local_a
 
 
 def test_work_is_bounded_before_it_is_done(local_api):
-    """A prompt longer than the verifier's context can hold is refused before it is
-    tokenized, through the count endpoints too; tools whose schemas no grammar of calls
-    holds are refused before the grammar is written. Each a 400 in its API's shape."""
+    """A body larger than a request could use with the verifier's context is refused
+    before it is read (413); a prompt longer than the context can hold, in a body within
+    that, is refused before it is tokenized, through the count endpoints too; tools whose
+    schemas no grammar of calls holds are refused before the grammar is written. Each in
+    its API's shape."""
     base = local_api.url.removesuffix("/v1")
+    question = [{"role": "user", "content": "hi"}]
+    loaded = httpx.post(  # the draft model loaded: the verifier's context known
+        f"{base}/v1/messages/count_tokens", json={"model": "any", "messages": question}, timeout=120
+    )
+    assert loaded.status_code == 200, loaded.text
     part = "word " * 200_000  # 4 messages of 1 MB, each as long as a message may be
     turns = [{"role": role, "content": part} for role in ("user", "assistant") * 2]
     counted = httpx.post(
-        f"{base}/v1/messages/count_tokens",
-        json={"model": "any", "messages": turns},
-        timeout=60,
+        f"{base}/v1/messages/count_tokens", json={"model": "any", "messages": turns}, timeout=60
+    )
+    assert counted.status_code == 413, counted.text
+    assert counted.json()["error"]["type"] == "request_too_large"
+    message = counted.json()["error"]["message"]
+    assert f"the verifier's context of {TEST_N_CTX} tokens" in message
+    cap = int(re.search(r"over (\d+) bytes", message).group(1))  # type: ignore[union-attr]
+    counted = httpx.post(
+        f"{local_api.url}/responses/input_tokens", json={"model": "any", "input": turns}, timeout=60
+    )
+    assert counted.status_code == 413 and counted.json()["error"]["code"] == "payload_too_large"
+    # Half of what the cap leaves for text: more than the context holds (a third of it).
+    turns = [{"role": "user", "content": "word " * ((cap - OTHER_FIELDS_BYTES) // 10)}]
+    counted = httpx.post(
+        f"{base}/v1/messages/count_tokens", json={"model": "any", "messages": turns}, timeout=60
     )
     assert counted.status_code == 400
     assert counted.json()["error"]["type"] == "invalid_request_error"

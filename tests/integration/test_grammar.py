@@ -13,7 +13,8 @@ import pytest
 
 from drafter.client import VerifierClient
 from drafter.drafters.model import DraftModel
-from server.shared.constraint import GrammarError, Grammars
+from server.shared.constraint import GrammarError
+from server.shared.grammars import Grammars
 from server.shared.protocol import Grammar, PrefillRequest, VerifyRequest
 from server.shared.runtime import LlamaVocab
 from tests.fixtures.scripted_length import ScriptedLength

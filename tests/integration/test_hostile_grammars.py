@@ -14,8 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from server.shared import constraint as constraint_module
-from server.shared.constraint import GrammarError, GrammarLimits, Grammars, GrammarTooSlow
+from server.shared import grammars as grammars_module
+from server.shared.constraint import GrammarError, GrammarTooSlow
+from server.shared.grammars import GrammarLimits, Grammars
 from server.shared.runtime import LlamaVocab
 from tests.conftest import start_verifier
 from tests.integration.test_grammar import PERSON, PROMPT
@@ -25,6 +26,10 @@ pytestmark = pytest.mark.integration
 AMBIGUOUS = 'start: x\nx: x x | x x x | "a" | "b" | " "'
 NESTED = "((a{1000}){1000}){1000}"  # a lexer of about 190 MB, seconds to build
 ALICE, MALLORY = "alice-key-0123456789", "mallory-key-0123456789"
+# Its only way to an end through llguidance's `%json`, which the check does not read; and
+# no end before 300 characters, more than the bound's tokens can hold.
+UNPROVEN = {"kind": "lark", "source": 'start: /a{300}/ tail\ntail: %json {"type": "string"}'}
+UNPROVEN_BOUND = 8
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +86,13 @@ def test_a_row_over_its_budget_fails_the_grammar_for_good(vocab):
 
 def counting_compiles(monkeypatch) -> list[str]:
     compiled: list[str] = []
-    real = constraint_module.compile_grammar
+    real = grammars_module.compile_grammar
 
     def compile_grammar(kind, source, *rest):
         compiled.append(str(source))
         return real(kind, source, *rest)
 
-    monkeypatch.setattr(constraint_module, "compile_grammar", compile_grammar)
+    monkeypatch.setattr(grammars_module, "compile_grammar", compile_grammar)
     return compiled
 
 
@@ -99,11 +104,11 @@ def test_compile_limits_refuse_a_grammar_and_remember_it(vocab, monkeypatch):
             slow.constraint("regex", "(ab)+", owner="mallory")
     assert compiled == ["(ab)+"]  # the second refused without compiling
     big = grammars(vocab, grammar_bytes=64_000_000)
-    before = constraint_module.allocated_bytes()
+    before = grammars_module.allocated_bytes()
     for n in range(2):  # each measured whole: the first's memory is gone when it is refused
         with pytest.raises(GrammarError, match="VERIFIER_GRAMMAR_MAX_MB") as refused:
             big.constraint("regex", f"{NESTED}x{n}", owner="mallory")
-        assert constraint_module.allocated_bytes() - before < 32_000_000
+        assert grammars_module.allocated_bytes() - before < 32_000_000
         del refused
     assert big.held_bytes("mallory") == 0
 
@@ -148,9 +153,11 @@ def rounds(client, key, session_id, n_past, tokens: int, draft: list[int] = ()) 
 
 @pytest.fixture(scope="module")
 def two_keys(verifier_model):
+    # A small bound on grammars whose end is unproven: none of the others' is.
     verifier = start_verifier(
-        verifier_model, api_keys=f"{ALICE},{MALLORY}", max_sessions=6, max_draft=16
-    )
+        verifier_model, api_keys=f"{ALICE},{MALLORY}", max_sessions=6, max_draft=16,
+        grammar_unproven_tokens=UNPROVEN_BOUND,
+    )  # fmt: skip
     yield verifier
     verifier.stop()
 
@@ -264,3 +271,29 @@ def test_a_grammar_nested_past_what_json_reads_is_refused_not_an_error(vocab):
     ):
         with pytest.raises(GrammarError):
             shelf.constraint(kind, source)
+
+
+def test_a_grammar_whose_end_is_unproven_stops_at_its_bound_and_says_so(two_keys):
+    with httpx.Client(base_url=two_keys.url, timeout=300) as client:
+        body = {"prompt": PROMPT, "max_tokens": 64, "grammar": UNPROVEN}
+        alone = client.post("/generate", json=body, headers=auth(ALICE)).json()
+        assert alone["grammar_token_limit"] == UNPROVEN_BOUND and not alone["eos"]
+        assert len(alone["tokens"]) == UNPROVEN_BOUND
+        opened = prefill(client, ALICE, UNPROVEN)
+        assert opened.status_code == 200, opened.text
+        session = opened.json()
+        assert session["grammar_token_limit"] == UNPROVEN_BOUND
+        # A chunk asking for more ends at the bound, with the verifier's own tokens.
+        round_ = {"session_id": session["session_id"], "n_past": session["total_tokens"]}
+        chunk = client.post("/verify", json=round_ | {"chunk_tokens": 20}, headers=auth(ALICE))
+        assert chunk.status_code == 200, chunk.text
+        assert chunk.json()["tokens"] == alone["tokens"]
+        past = {**round_, "n_past": chunk.json()["total_tokens"]}
+        refused = client.post("/verify", json=past, headers=auth(ALICE))
+        assert refused.status_code == 400
+        assert refused.json()["error"]["type"] == "grammar_token_limit"
+        assert "VERIFIER_GRAMMAR_UNPROVEN_TOKENS" in refused.json()["error"]["message"]
+        client.delete(f"/sessions/{session['session_id']}", headers=auth(ALICE))
+        proven = prefill(client, ALICE, {"kind": "json_schema", "source": PERSON})
+        assert proven.status_code == 200 and "grammar_token_limit" not in proven.json()
+        client.delete(f"/sessions/{proven.json()['session_id']}", headers=auth(ALICE))

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from drafter.cli import app
 from drafter.client import VerifierClient
 from drafter.drafters.model import DraftPolicy
-from server.shared.constraint import Grammars
+from server.shared.grammars import Grammars
 from server.shared.penalties import adjusted_rows
 from server.shared.protocol import Grammar, PrefillRequest, SamplingParams, VerifyRequest
 from tests.conftest import TEST_THREADS

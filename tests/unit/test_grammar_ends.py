@@ -1,7 +1,8 @@
 """Grammars that can never end (server/shared/grammar_ends.py), found in their rules: the
 and-or propagation against the plain fixed point (a symbol is productive once one of its
 alternatives has only productive symbols, repeated until nothing changes), over random
-Lark grammars and random JSON schemas; and the cases a client writes. The bounds on a
+Lark grammars and random JSON schemas, with parts the check does not read ("unknown" where
+only they lead to an end); and the cases a client writes. The bounds on a
 grammar's text and GBNF's conversion to Lark (server/shared/grammar_text.py): long
 chains read within a deadline, grammars over a bound refused, the conversion
 llguidance's own."""
@@ -21,7 +22,7 @@ from pydantic import BaseModel
 from scripts.bench_grammar_check import chained_gbnf, chained_lark_terminals
 from server.shared import grammar_text
 from server.shared.constraint import compile_grammar
-from server.shared.grammar_ends import NEVER_ENDS, never_ends
+from server.shared.grammar_ends import NEVER_ENDS, grammar_end, never_ends
 from server.shared.grammar_text import CheckTimeout, _is_lark_syntax, grammar_bounds, lark_of_gbnf
 from server.shared.json_schemas import held_schema
 
@@ -30,24 +31,50 @@ from server.shared.json_schemas import held_schema
 SYMBOL = st.one_of(st.none(), st.integers(0, 5))
 ALTERNATIVE = st.lists(SYMBOL, max_size=3)
 RULES = st.lists(st.lists(ALTERNATIVE, min_size=1, max_size=3), min_size=1, max_size=6)
+# The same with "u": a part the check does not read (an extension of llguidance's, a `$ref`
+# to another document).
+WITH_UNREAD = st.lists(
+    st.lists(st.lists(st.one_of(SYMBOL, st.just("u")), max_size=3), min_size=1, max_size=3),
+    min_size=1,
+    max_size=6,
+)
+OTHER_DOCUMENT = "https://example.com/other.json"
 
 
-def productive_by_fixed_point(rules: list[list[list[int | None]]]) -> bool:
+def productive_by_fixed_point(rules, unread_productive: bool = False) -> bool:
     productive: set[int] = set()
+
+    def holds(s) -> bool:
+        return s is None or (unread_productive if s == "u" else s in productive)
+
     for _ in range(len(rules) + 1):
         productive |= {
             i
             for i, alternatives in enumerate(rules)
-            if any(all(s is None or s in productive for s in alt) for alt in alternatives)
+            if any(all(map(holds, a)) for a in alternatives)
         }
     return 0 in productive
 
 
+def ending_by_fixed_point(rules) -> str:
+    if not productive_by_fixed_point(rules, unread_productive=True):
+        return "never"
+    return "ends" if productive_by_fixed_point(rules) else "unknown"
+
+
+def in_range(rules):
+    return [
+        [[s if s in (None, "u") or s < len(rules) else None for s in a] for a in r] for r in rules
+    ]
+
+
 def lark_text(rules) -> str:
     def symbol(s):
-        return '"t"' if s is None else f"r{s}" if s < len(rules) else '"u"'
+        return '"t"' if s is None else "unread" if s == "u" else f"r{s}"
 
     lines = ["start: r0"]
+    if any("u" in alt for alternatives in rules for alt in alternatives):
+        lines.append('unread: %json {"type": "string"}')
     for i, alternatives in enumerate(rules):
         expansions = [" ".join(symbol(s) for s in alt) or '""' for alt in alternatives]
         lines.append(f"r{i}: " + " | ".join(expansions))
@@ -70,7 +97,9 @@ def schema_of(rules) -> dict:
 
     def alternative(symbols):
         properties = {
-            f"p{j}": {"type": "string"} if s is None else {"$ref": f"#/$defs/r{s}"}
+            f"p{j}": {"type": "string"}
+            if s is None
+            else {"$ref": OTHER_DOCUMENT if s == "u" else f"#/$defs/r{s}"}
             for j, s in enumerate(symbols)
         }
         return {"type": "object", "properties": properties, "required": list(properties)}
@@ -85,6 +114,16 @@ def test_a_schema_never_ends_exactly_when_its_root_is_unproductive(rules):
     rules = [[[s if s is None or s < len(rules) else None for s in a] for a in r] for r in rules]
     found = never_ends("json_schema", "", schema_of(rules))
     assert (found is None) == productive_by_fixed_point(rules), rules
+
+
+@settings(max_examples=300, deadline=None)
+@given(WITH_UNREAD)
+def test_an_end_only_through_parts_the_check_does_not_read_is_unknown(rules):
+    rules = in_range(rules)
+    expected = ending_by_fixed_point(rules)
+    text = lark_text(rules)
+    assert grammar_end("lark", llguidance.grammar_from("lark", text)) == expected, text
+    assert grammar_end("json_schema", "", schema_of(rules)) == expected, rules
 
 
 @pytest.mark.parametrize(
@@ -333,3 +372,50 @@ def test_the_gbnf_conversion_is_llguidances_for_random_rules(rules):
 @given(st.lists(st.sampled_from(["\n", " ", "\t", "start", ":", "%llguidance", "x"])).map("".join))
 def test_whether_a_text_is_lark_is_llguidances_answer(text):
     assert _is_lark_syntax(text) == gbnf_to_lark.is_lark_syntax(text)
+
+
+@pytest.mark.parametrize(
+    "kind,source",
+    [
+        ("lark", 'start: %json {"type": "object"}'),  # start itself not read
+        ("lark", 'start: x\nx: "a" x | y\ny: %json {"type": "object"}'),
+        ("lark", 'start: x\nx[max_tokens=3]: "a" x'),
+        ("lark", "start: a\n%import common.word -> a"),  # a rule of the server's files
+        ("lark", 'start: t{"a"}\nt{x}: x t{x} | x'),  # a template's use
+        ("json_schema", {"$ref": OTHER_DOCUMENT}),
+        (
+            "json_schema",
+            {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/$defs/missing"}}},
+        ),
+        ("json_schema", {"$ref": "#nowhere"}),  # an anchor the schema does not have
+        (
+            "json_schema",
+            {  # the same `$id` twice: which one a `$ref` means is llguidance's
+                "$defs": {"a": {"$id": "x", "$ref": "x"}, "b": {"$id": "x", "type": "string"}},
+                "$ref": "x",
+            },
+        ),
+    ],
+)
+def test_grammars_whose_end_the_check_cannot_prove(kind, source):
+    grammar = source if kind == "json_schema" else llguidance.grammar_from(kind, source)
+    assert grammar_end(kind, grammar, source) == "unknown"
+
+
+@pytest.mark.parametrize(
+    "kind,source",
+    [
+        ("lark", 'start: "a" start | "b"'),
+        ("lark", "%import common.WORD\nstart: WORD"),  # a terminal: whatever it is, it ends
+        ("lark", 'start: "a" start | "b"\nunused: %json {"type": "object"}'),
+        ("gbnf", 'root ::= "a" x\nx ::= "b" x | ""'),
+        ("gbnf", chained_gbnf(200)),
+        ("regex", "(ab)+"),
+        ("json_schema", True),
+        ("json_schema", LINKED),
+        ("json_schema", {"anyOf": [{"$ref": OTHER_DOCUMENT}, {"type": "null"}]}),
+    ],
+)
+def test_grammars_the_check_proves_can_end(kind, source):
+    grammar = source if kind in ("json_schema", "regex") else llguidance.grammar_from(kind, source)
+    assert grammar_end(kind, grammar, source) == "ends"

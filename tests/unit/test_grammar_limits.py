@@ -10,8 +10,9 @@ import pytest
 
 from scripts.bench_grammar_check import chained_gbnf, chained_lark_terminals
 from server.shared import constraint as constraint_module
-from server.shared.constraint import GrammarError, GrammarLimits, Grammars
+from server.shared.constraint import GrammarError
 from server.shared.grammar_text import MAX_WEIGHT
+from server.shared.grammars import GrammarLimits, Grammars
 from tests.fixtures.byte_grammar import END, TOKENIZER
 
 

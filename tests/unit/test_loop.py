@@ -296,6 +296,37 @@ def test_context_overflow_from_the_verifier_ends_cleanly():
     assert len(events) == 2 and result.tokens == target_alone([1], 6, FakeVerifier())
 
 
+class BoundingVerifier(FakeVerifier):
+    """A verifier bounding a session's generated tokens, as it does under a grammar whose
+    end it cannot prove: a round that could pass the bound is refused."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit, self.generated = limit, 0
+
+    def prefill(self, request: PrefillRequest) -> PrefillResponse:
+        self.generated = request.generated_tokens
+        return super().prefill(request).model_copy(update={"grammar_token_limit": self.limit})
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        if self.generated + len(request.draft_tokens) + (request.chunk_tokens or 1) > self.limit:
+            raise VerifierRejected(400, "grammar_token_limit", "past the bound")
+        answer = super().verify(request)
+        self.generated += len(answer.tokens)
+        return answer
+
+
+@pytest.mark.parametrize("draft_n", [0, 3, 8])
+def test_a_grammars_bound_ends_the_generation_there_and_says_so(draft_n):
+    verifier = BoundingVerifier(limit=11)
+    loop = SpeculativeLoop(NoisyDrafter(verifier, 3), verifier, draft_n=draft_n, n_ctx=10_000)
+    _, result = run(loop, [4, 2], 40)
+    assert result.finish_reason == "grammar_limit"
+    assert result.tokens == target_alone([4, 2], 11, FakeVerifier())
+    _, asked_less = run(loop, [4, 2], 9)  # the bound not reached: max_tokens as ever
+    assert asked_less.finish_reason == "max_tokens" and len(asked_less.tokens) == 9
+
+
 class SlowVerifier(FakeVerifier):
     """Answers after a pause, as a remote verifier does: pipelining has time to draft."""
 

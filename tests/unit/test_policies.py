@@ -111,6 +111,17 @@ def test_the_longest_shared_prefix_of_the_same_key_is_reused_short_ones_are_not(
     assert reuse().take("c", list(range(1, 30))) is None
 
 
+def test_within_a_key_a_prefix_is_reused_only_by_the_same_cache_scope():
+    reuse = PrefixReuse(4)
+    reuse.keep(0, CachedPrefix("serve", list(range(1, 20)), scope="x"))
+    reuse.keep(1, CachedPrefix("serve", list(range(1, 10))))  # a client with no scope
+    prompt = list(range(1, 25))
+    assert reuse.take("serve", prompt, scope="y") is None  # another client's: never
+    assert reuse.take("other", prompt, scope="x") is None  # nor another key's same name
+    assert reuse.take("serve", prompt) == (1, 9)  # no scope: only the unscoped
+    assert reuse.take("serve", prompt, scope="x") == (0, 19)
+
+
 def test_the_prompts_last_token_is_never_reused_and_nothing_is_kept_when_off():
     assert cache(2, (0, "a", [1, 2, 3, 4])).take("a", [1, 2, 3, 4]) == (0, 3)
     reuse = PrefixReuse(min_tokens=2)

@@ -29,12 +29,13 @@ def build(max_sessions: int = 4, pin_shapes: str = "auto", **runtime) -> tuple[F
 
 
 def open_session(
-    engine: Engine, prompt_tokens: list[int], owner: str = "a", session_id: str | None = None
-):
-    work = engine.begin_prefill(
-        PrefillRequest(prompt_tokens=prompt_tokens, add_bos=False, session_id=session_id),
-        owner=owner,
+    engine: Engine, prompt_tokens: list[int], owner: str = "a", session_id: str | None = None,
+    cache_scope: str | None = None,
+):  # fmt: skip
+    request = PrefillRequest(
+        prompt_tokens=prompt_tokens, add_bos=False, session_id=session_id, cache_scope=cache_scope
     )
+    work = engine.begin_prefill(request, owner=owner)
     response = None
     while not work.closed:  # a chunk at a time, as the scheduler runs them
         (response,) = engine.run([], [work]).results
@@ -105,6 +106,31 @@ def test_another_api_key_reuses_nothing_and_short_matches_are_not_taken():
     assert decode(engine, other.session_id, 5, "mallory") == runtime.reference_greedy(
         range(2, 30), 5
     )
+    assert_consistent(runtime, engine)
+
+
+def test_a_proxys_clients_reuse_only_their_own_scopes_prefixes_within_its_key():
+    """The attack's shape on the verifier: `serve` opens every client's sessions with one
+    API key; B's prompt shares a long prefix with A's recent one and gets cached_tokens 0
+    from it, while A's own repeat still reuses. Without a scope (an older client), the
+    key's prefixes are one cache, as ever."""
+    runtime, engine = build()
+    secret = list(range(2, 30))
+    a, _ = open_session(engine, secret, owner="serve", cache_scope="scope-a")
+    engine.sessions.delete(a.session_id)
+    b, work = open_session(engine, [*secret[:-1], 60], owner="serve", cache_scope="scope-b")
+    assert b.cached_tokens == 0 and work.session.cache_scope == "scope-b"
+    unscoped, _ = open_session(engine, secret, owner="serve")  # nor a client with none
+    assert unscoped.cached_tokens == 0
+    again, _ = open_session(engine, secret, owner="serve", cache_scope="scope-a")
+    assert again.cached_tokens == len(secret) - 1
+    assert decode(engine, b.session_id, 5, "serve") == runtime.reference_greedy(
+        [*secret[:-1], 60], 5
+    )
+    engine.sessions.delete(unscoped.session_id)
+    old, _ = open_session(engine, secret, owner="serve")  # no scope: the key's, as ever
+    assert old.cached_tokens == len(secret) - 1
+    assert decode(engine, old.session_id, 5, "serve") == runtime.reference_greedy(secret, 5)
     assert_consistent(runtime, engine)
 
 

@@ -1,12 +1,17 @@
 """Whose history a `serve` request is drafted from (drafter/principals.py): the scope
-resolved from where `serve` listens and who may call it, and one history per principal."""
+resolved from where `serve` listens and who may call it, one history per principal, and
+whose caches it reuses (CacheScopes)."""
 
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 import pytest
 
 from drafter.principals import (
     FOREIGN,
+    CacheScopes,
     Histories,
     client_keys,
     host_name,
@@ -16,6 +21,7 @@ from drafter.principals import (
     serve_history_scope,
 )
 from drafter.settings import DrafterSettings, HistoryScope
+from server.shared.protocol import PrefillRequest
 
 AUTO, USER, KEY, NONE = HistoryScope.auto, HistoryScope.user, HistoryScope.key, HistoryScope.none
 
@@ -161,3 +167,33 @@ def test_a_keyless_request_naming_no_loopback_host_gets_no_history_from_auto():
     assert auto.of(None) is not None and auto.of(FOREIGN) is None
     chosen = Histories(DrafterSettings(history_scope="user"), HistoryScope.user)
     assert chosen.of(FOREIGN) is chosen.of(None) is not None
+
+
+@pytest.mark.parametrize("scope", [KEY, NONE])
+def test_each_client_key_is_its_own_caches_principal_and_a_shared_key_one(scope):
+    caches = CacheScopes(scope, from_auto=True, secret=b"s" * 32)
+    assert caches.of("key-0") == "key-0" and caches.of("key-1") == "key-1"
+    assert caches.of(None) is None and caches.of(FOREIGN) == FOREIGN
+    names = {caches.verifier_scope(p) for p in ("key-0", "key-1", FOREIGN)}
+    assert len(names) == 3 and caches.verifier_scope(None) is None  # None: the key's own
+    assert caches.verifier_scope("key-0") == caches.verifier_scope("key-0")  # stable
+
+
+def test_scope_user_is_one_caches_principal_but_a_foreign_request_from_auto():
+    chosen = CacheScopes(USER, from_auto=False)
+    assert chosen.of("key-0") is chosen.of(FOREIGN) is chosen.of(None) is None
+    auto = CacheScopes(USER, from_auto=True)
+    assert auto.of(None) is None and auto.of(FOREIGN) == FOREIGN
+
+
+def test_the_verifier_gets_a_keyed_hash_never_the_principal_and_fit_for_the_wire():
+    """An opaque name the verifier cannot map back to a key, nor match across `serve`
+    processes (each its own secret)."""
+    one, other = CacheScopes(KEY, False), CacheScopes(KEY, False)
+    name = one.verifier_scope("key-0")
+    assert name is not None and "key" not in name
+    assert PrefillRequest(prompt="x", cache_scope=name).cache_scope == name  # the wire's rule
+    assert other.verifier_scope("key-0") != name
+    keyed = CacheScopes(KEY, False, secret=b"k" * 32)
+    expected = hmac.new(b"k" * 32, b"key-0", hashlib.sha256).hexdigest()[:32]
+    assert keyed.verifier_scope("key-0") == expected

@@ -19,6 +19,21 @@ def test_prefill_needs_exactly_one_prompt():
         PrefillRequest(prompt="hi", prompt_tokens=[1])
 
 
+@pytest.mark.parametrize("scope", ["", "a" * 65, "key-0 ", "k/0", "ключ", "a\n", 7])
+def test_a_cache_scope_is_bounded_and_plain(scope):
+    """An opaque name, never text to log or key anything by as given: 1 to 64 letters,
+    digits, '-' or '_'."""
+    with pytest.raises(ValidationError):
+        PrefillRequest.model_validate({"prompt": "hi", "cache_scope": scope})
+
+
+def test_a_cache_scope_travels_only_where_given():
+    """An older verifier refuses fields it does not know: one without a scope sends none."""
+    assert "cache_scope" not in PrefillRequest(prompt="hi").model_dump(mode="json")
+    scoped = PrefillRequest.model_validate({"prompt": "hi", "cache_scope": "Ab-_09" * 10})
+    assert scoped.model_dump(mode="json")["cache_scope"] == "Ab-_09" * 10
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -1,5 +1,6 @@
 """A generation's options apart from the process's settings (drafter/request_options.py),
-and the verifier's vocabulary facts as one model (InfoResponse.vocabulary)."""
+whose caches `serve` hands a generation (its principal's), and the verifier's vocabulary
+facts as one model (InfoResponse.vocabulary)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from drafter.request_options import RequestOptions
 from drafter.runner import draft_policy, pipelined
+from drafter.serve.slots import GenerationSlot
 from drafter.settings import DrafterSettings
 from drafter.speculative.loop import SpeculativeResult
 from server.shared.info import InfoResponse
@@ -114,6 +116,20 @@ def test_pipelined_as_the_request_then_the_process_says(settings, sampling, serv
     assert pipelined(process, options) is expected
 
 
+class _Model:
+    """What a generation reads of a draft model: its cache, emptied by `reset`."""
+
+    decodes_alone = False
+
+    def __init__(self, cached: list[int]):
+        self.cached_tokens = cached
+        self.runtime = SimpleNamespace(token_bytes=lambda token: b"")
+        self.token_bytes = self.runtime.token_bytes
+
+    def reset(self) -> None:
+        self.cached_tokens = []
+
+
 class _Loop:
     def __init__(self):
         self.result = SpeculativeResult()
@@ -138,11 +154,7 @@ def test_serve_hands_the_loop_the_requests_options_and_the_process_settings(monk
         return loop
 
     monkeypatch.setattr(serve_backend, "speculative_loop", speculative_loop)
-    runtime = SimpleNamespace(token_bytes=lambda token: b"")
-    model = SimpleNamespace(
-        decodes_alone=False, cached_tokens=[], runtime=runtime, token_bytes=runtime.token_bytes
-    )
-    slot = SimpleNamespace(model=model, client=SimpleNamespace(), length_memory=None)
+    slot = GenerationSlot(_Model([]), SimpleNamespace())  # type: ignore[arg-type]
     sampling = SamplingParams(temperature=0.6, top_p=0.9, seed=2, presence_penalty=0.1)
     options = RequestOptions.for_request(sampling, 7, GRAMMAR, logprobs=1)
     prompt = PromptInput(prompt="Hello")
@@ -158,6 +170,73 @@ def test_serve_hands_the_loop_the_requests_options_and_the_process_settings(monk
     sent = loop.ran[0][0]
     assert sent.sampling == sampling and sent.grammar == GRAMMAR and sent.logprobs == 1
     assert sent.strategy is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "verifier_scopes", "scoped"),
+    [
+        ("sk-a,sk-b", True, True),  # clients of their own keys: each key its own caches
+        ("sk-a,sk-b", False, False),  # an older verifier refuses a field it does not know
+        (None, True, False),  # one user's loopback `serve`: one principal, as ever
+    ],
+)
+def test_serve_hands_a_generation_only_its_principals_caches(
+    monkeypatch, keys, verifier_scopes, scoped
+):
+    """The attack's shape: B's prompt shares a long prefix with A's recent one, which the
+    slot B is given still holds: B's generation starts empty (draft_cached_tokens 0) and
+    its prefill names B's scope to the verifier; B's own repeat reuses its cache."""
+    from drafter.serve import backend as serve_backend
+
+    backend = serve_backend.SpeculativeBackend(DrafterSettings(serve_api_key=keys))
+    backend.info = InfoResponse.model_construct(model="m", n_ctx=64, cache_scopes=verifier_scopes)
+    loops: list[_Loop] = []
+
+    def speculative_loop(*_args):
+        loops.append(_Loop())
+        return loops[-1]
+
+    monkeypatch.setattr(serve_backend, "speculative_loop", speculative_loop)
+    a, b = ("key-0", "key-1") if keys else (None, None)
+    prompt = [1, 2, 3, 4]
+    slot = GenerationSlot(_Model(prompt), SimpleNamespace(), principal=a)  # type: ignore[arg-type]
+    slot.length_memory.step_s = 0.5  # what A's generation measured
+
+    def generate(principal: str | None) -> int:
+        generation = serve_backend.Generation(
+            prompt=PromptInput(prompt_tokens=prompt),
+            options=RequestOptions.for_request(SamplingParams(), 4),
+            prompt_ids=prompt,
+            stop=[],
+            emit=lambda *_: None,
+            principal=principal,
+        )
+        figures = backend._generate(slot, generation).figures
+        assert figures is not None
+        return figures.draft_cached_tokens
+
+    try:
+        first = generate(b)
+        slot.model.cached_tokens = prompt  # what B's generation left in it
+        again = generate(b)
+    finally:
+        backend.close()
+    assert again == len(prompt)
+    if keys:
+        assert first == 0 and slot.principal == "key-1" and slot.length_memory.step_s is None
+    else:
+        assert first == len(prompt) and slot.length_memory.step_s == 0.5
+    sent = [loop.ran[0][0].cache_scope for loop in loops]
+    if scoped:
+        assert (
+            sent[0]
+            == sent[1]
+            == backend.caches.verifier_scope("key-1")
+            != (backend.caches.verifier_scope("key-0"))
+        )
+        assert "key" not in sent[0] and "sk-" not in sent[0]
+    else:
+        assert sent == [None, None]
 
 
 VOCAB = VocabFacts(

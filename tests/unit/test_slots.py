@@ -1,6 +1,8 @@
-"""`serve`'s slot pool: the longest cached prefix wins, the queue is bounded and first
-come first served, a burst is counted as it is admitted (never more waiting than the
-queue holds), and a request that leaves the queue leaves no trace. Deterministic: the
+"""`serve`'s slot pool: the longest cached prefix of the request's own principal wins
+(another's cache counts as empty, and is emptied before the request runs in it), the
+queue is bounded and first come first served, a burst is counted as it is admitted
+(never more waiting than the queue holds), and a request that leaves the queue leaves
+no trace. Deterministic: the
 event loop is stepped, never timed."""
 
 from __future__ import annotations
@@ -10,17 +12,30 @@ from types import SimpleNamespace
 
 import pytest
 
+from drafter.length.length_memory import LengthMemory
+from drafter.principals import CacheScopes
 from drafter.serve.chat_api import CompletionRequest
 from drafter.serve.prompts import Prompted
 from drafter.serve.replies import Choice, Started, begin_choice
 from drafter.serve.slots import GenerationSlot, QueueFull, SlotPool, best_slot
+from drafter.settings import HistoryScope
 from server.shared.prefix import common_prefix_len
 from server.shared.protocol import PromptInput
 
 
-def slot(cached: list[int], last_used: int = 0) -> GenerationSlot:
+class CachedModel:
+    """A draft model's cache as the slots see it: its tokens, and `reset` emptying them."""
+
+    def __init__(self, cached: list[int]):
+        self.cached_tokens = cached
+
+    def reset(self) -> None:
+        self.cached_tokens = []
+
+
+def slot(cached: list[int], last_used: int = 0, principal: str | None = None) -> GenerationSlot:
     return GenerationSlot(
-        SimpleNamespace(cached_tokens=cached), SimpleNamespace(close=lambda: None), last_used
+        CachedModel(cached), SimpleNamespace(close=lambda: None), last_used, principal=principal
     )
 
 
@@ -29,6 +44,46 @@ def test_the_slot_with_the_longest_cached_prefix_wins_and_ties_go_to_the_least_r
     assert best_slot([other, conversation, empty], [1, 2, 3, 4, 5]) is conversation
     assert best_slot([conversation, other, empty], [7, 8]) is other  # all 0: oldest use
     assert common_prefix_len([1, 2, 3], [1, 2]) == 2 and common_prefix_len([], [1]) == 0
+
+
+def test_another_principals_cache_counts_as_empty_and_its_own_is_reused():
+    """The attack's shape: B's prompt shares a long prefix with A's recent one, and A's slot
+    is no better to B than an empty one (the least recent wins the tie), nor does B learn
+    the shared length; A's own repeat still lands on its cache."""
+    prompt = [1, 2, 3, 4, 5, 6]
+    a_slot, other = slot(prompt, 5, principal="key-0"), slot([], 1, principal="key-1")
+    assert best_slot([a_slot, other], prompt, "key-1") is other
+    assert best_slot([a_slot, slot([], 9, principal="key-1")], prompt, "key-1") is a_slot  # a tie
+    assert best_slot([other, a_slot], prompt, "key-0") is a_slot
+    # One principal (`user`, or no key): every slot's cache counts, as ever.
+    shared = slot(prompt, 5)
+    assert best_slot([slot([], 1), shared], prompt) is shared
+
+
+def test_a_slot_claimed_by_another_principal_forgets_its_cache_and_its_measurements():
+    taken = slot([1, 2, 3], principal="key-0")
+    measured = taken.length_memory
+    measured.step_s, measured.fit = 0.02, [0.01, 0.001]
+    taken.claim("key-0")  # the same principal: kept
+    assert taken.model.cached_tokens == [1, 2, 3] and taken.length_memory is measured
+    taken.claim("key-1")
+    assert taken.model.cached_tokens == [] and taken.length_memory == LengthMemory()
+    assert taken.principal == "key-1" and measured.step_s == 0.02  # a new memory, not cleared
+    taken.model.cached_tokens = [7, 8]
+    taken.claim("key-1")
+    assert taken.model.cached_tokens == [7, 8]
+
+
+def test_a_request_takes_the_best_of_its_principals_slots_through_admission():
+    async def scenario():
+        prompt = [1, 2, 3, 4]
+        a_slot, b_slot = slot(prompt, 2, principal="key-0"), slot([1, 2], 1, principal="key-1")
+        pool = SlotPool([a_slot, b_slot], max_waiting=1)
+        assert await pool.acquire(prompt, "key-1") is b_slot
+        pool.release(b_slot)
+        assert await pool.acquire(prompt, "key-0") is a_slot
+
+    asyncio.run(scenario())
 
 
 def test_beyond_the_slots_requests_wait_in_a_bounded_queue_in_arrival_order():
@@ -121,6 +176,7 @@ class HeldBackend:
     def __init__(self, pool: SlotPool):
         self.pool = pool
         self.running: list[asyncio.Future] = []
+        self.caches = CacheScopes(HistoryScope.user, from_auto=False)
 
     def start(self, slot: GenerationSlot, _generation) -> asyncio.Future:
         done = asyncio.get_running_loop().create_future()

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server.shared.constraint import Constraint, GrammarError, GrammarLimits, Grammars
+from server.shared.constraint import Constraint, GrammarError
+from server.shared.grammars import GrammarLimits, Grammars
 from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest, PromptInput
 from server.verifier.decoding.checks import check_generated, check_prompt_len, check_token_ids
 from server.verifier.errors import EmptyPrompt, InvalidGrammar
@@ -39,18 +40,22 @@ def verifier_grammars(runtime, settings) -> Grammars:
         compile_s=settings.grammar_compile_s,
         grammar_bytes=settings.grammar_max_mb * 1_000_000,
         bytes_per_owner=settings.grammar_cache_mb * 1_000_000,
+        unproven_tokens=settings.grammar_unproven_tokens,
     )
     return Grammars(runtime.grammar_tokenizer, runtime.n_vocab, limits)
 
 
 def session_constraint(
-    grammars: Grammars, grammar: Grammar | None, owner: str = ""
+    grammars: Grammars, grammar: Grammar | None, owner: str = "", compile: bool = True
 ) -> Constraint | None:
     """The grammar's state for a new session (compiled at its first use, a copy after: the
-    service compiles it off the engine thread first). Thread-safe."""
+    service compiles it off the engine thread first; without `compile`, a copy or None).
+    Thread-safe."""
     if grammar is None:
         return None
     try:
+        if not compile:
+            return grammars.kept(grammar.kind, grammar.source, owner)
         return grammars.constraint(grammar.kind, grammar.source, owner)
     except GrammarError as exc:
         raise InvalidGrammar(f"grammar: {exc}") from None
@@ -77,10 +82,12 @@ def prepared_constraint(
     request: PrefillRequest | GenerateRequest,
     prompt_ids: Sequence[int],
     owner: str = "",
+    compile: bool = True,
 ) -> Constraint | None:
     """The request's grammar state, after the generated tokens its prompt ends with (a
-    reopened session's). Thread-safe: the service prepares it in its text pool."""
-    constraint = session_constraint(grammars, request.grammar, owner)
+    reopened session's); without `compile`, None where the grammar is not compiled
+    already. Thread-safe: the service prepares it in its grammar threads."""
+    constraint = session_constraint(grammars, request.grammar, owner, compile)
     generated = getattr(request, "generated_tokens", 0)  # /generate's: none
     if constraint is not None and 0 < generated < len(prompt_ids):
         try:

@@ -65,7 +65,7 @@ from server.verifier.kv.packing import Packing
 from server.verifier.kv.prefix_reuse import PrefixReuse
 from server.verifier.kv.reply_spans import engine_cuts
 from server.verifier.kv.sessions import Session, SessionTable
-from server.verifier.probe import invariance
+from server.verifier.probe.verdict_cache import probe_runtime
 from server.verifier.settings import VerifierSettings
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class Engine:
         self.decoder = PassDecoder(runtime)
         self._prefills: dict[int, PrefillWork] = {}  # seq id -> the prompt it is evaluating
         reuse = settings.prefix_cache_min_tokens if settings.prefix_cache else 0
-        self.invariance, self.shapes = invariance.probe_engine(self.decoder, settings, reuse > 0)
+        self.invariance, self.shapes = probe_runtime(runtime, self.decoder, settings, reuse > 0)
         report = self.invariance
         if reuse and not (report.batch_invariant and report.prefill_chunk_invariant):
             reuse = 0  # a prefix computed in other chunks would answer otherwise than a cold prompt
@@ -143,10 +143,7 @@ class Engine:
             return self.invariance.batch_invariant
         return LOSSLESS[strategy]
 
-    @property
-    def prefix_cache(self) -> bool:
-        return self.sessions.prefix_reuse.min_tokens > 0
-
+    prefix_cache = property(lambda self: self.sessions.prefix_reuse.min_tokens > 0)
     session_count = property(lambda self: len(self.sessions))
 
     def session(self, session_id: str, owner: str | None = None) -> Session:
@@ -174,7 +171,8 @@ class Engine:
         self.sessions.check_new_id(session_id)  # before anything is evicted for it
         # A reopened session's generated tokens go below the tile, as its rounds did.
         tiling = self.cuts.tiling(prompt_ids, prompt_len)
-        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep, tiling)
+        scope = request.cache_scope or ""  # a proxy's client's, within the key
+        reservation = self.sessions.reserve(session_id, owner, prompt_ids, keep, tiling, scope)
         session = Session(
             session_id=session_id,
             seq_id=reservation.seq_id,
@@ -185,6 +183,7 @@ class Engine:
             threshold=request.threshold,
             draws=PositionDraws.seeded(request.sampling.seed),
             owner=owner,
+            cache_scope=scope,
             logprobs=request.logprobs,
             constraint=constraint,  # the grammar's state (compiled once per grammar)
             tiling=tiling,
@@ -362,6 +361,7 @@ def engine_info(engine: Engine) -> InfoResponse:
         prompt_pad=engine.cuts.pad,
         prefix_cache=engine.prefix_cache,
         lookup_drafts=True,
+        cache_scopes=True,
         lookup_sizing=engine.copier.sizing,
         chunk_copy_ngram=engine.copier.ngram,
         strategies={s: engine.lossless(s) for s in LOSSLESS},

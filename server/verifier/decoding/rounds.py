@@ -13,13 +13,13 @@ from typing import TypeVar
 import numpy as np
 
 from server.shared.acceptance import judge
-from server.shared.constraint import Constraint, GrammarError
+from server.shared.constraint import Constraint, GrammarError, TokenLimitReached
 from server.shared.draft_gain import Acceptance
 from server.shared.penalties import adjusted_rows, token_logprobs
 from server.shared.protocol import RoundTimings, TokenLogprob, VerifyResponse
 from server.verifier.decoding.checks import RoundKey
 from server.verifier.decoding.jobs import VerifyWork
-from server.verifier.errors import InvalidGrammar, NonFiniteNumbers
+from server.verifier.errors import GrammarTokenLimit, InvalidGrammar, NonFiniteNumbers
 from server.verifier.kv.sessions import Session
 
 T = TypeVar("T")
@@ -121,9 +121,11 @@ def finish_round(
 
 def grammar_step(step: Callable[[], T]) -> T:
     """A grammar step; a grammar that fails there (a limit it reached) is the client's
-    to hear of, as a 400."""
+    to hear of, as a 400, and so is a round past the session's token limit."""
     try:
         return step()
+    except TokenLimitReached as exc:
+        raise GrammarTokenLimit(str(exc)) from None
     except GrammarError as exc:
         raise InvalidGrammar(f"the grammar failed here: {exc}") from None
 

@@ -4,8 +4,9 @@ A session that ends (DELETE, expiry, the end of a /generate) leaves its KV seque
 tokens behind as a cached prefix, until the sequence is needed or its TTL ends. A new
 prompt of the same API key takes the cached prefix with which it shares the longest
 common prefix (tokens compared one by one, never hashed), trimmed to that, and evaluates
-only the rest. Prefixes are never shared across keys: a shared cache leaks prompts
-through timing. Where prompts are evaluated in a tiled part and the rest
+only the rest. Prefixes are never shared across keys, nor across the cache scopes a
+proxy names for its own clients (`cache_scope`): a shared cache leaks prompts through
+timing and `cached_tokens`. Where prompts are evaluated in a tiled part and the rest
 (prompt_cuts.py), a prompt keeps only the cells its own cold evaluation would write.
 """
 
@@ -26,6 +27,7 @@ class CachedPrefix:
     tokens: list[int]  # exactly what the sequence's KV cells hold, in position order
     cached_at: float = field(default_factory=time.monotonic)
     tiling: Tiling = ()  # which of its cells were written in tiled passes (prompt_cuts.py)
+    scope: str = ""  # the cache scope of the session it was ("": the key's own)
 
 
 class PrefixReuse:
@@ -88,17 +90,18 @@ class PrefixReuse:
         return [s for s, p in self._cached.items() if now - p.cached_at > ttl_s]
 
     def take(
-        self, owner: str, prompt: Sequence[int], tiling: Tiling = ()
+        self, owner: str, prompt: Sequence[int], tiling: Tiling = (), scope: str = ""
     ) -> tuple[int, int] | None:
-        """The seq id of `owner`'s prefix to reuse for `prompt`, taken out of the cache,
-        and how many of its tokens to keep (never the prompt's last token: that one is
-        evaluated with the first round; only cells the prompt's own evaluation would
-        write, tiled as `tiling` says); None when none keeps `min_tokens`."""
+        """The seq id of `owner`'s prefix of cache `scope` to reuse for `prompt`, taken
+        out of the cache, and how many of its tokens to keep (never the prompt's last
+        token: that one is evaluated with the first round; only cells the prompt's own
+        evaluation would write, tiled as `tiling` says); None when none keeps
+        `min_tokens`."""
         if not self.min_tokens or len(prompt) < 2:
             return None
         best_seq, best_len = None, 0
         for seq_id, prefix in self._cached.items():
-            if prefix.owner == owner:
+            if prefix.owner == owner and prefix.scope == scope:
                 n = min(common_prefix_len(prefix.tokens, prompt), len(prompt) - 1)
                 n = reusable(n, prefix.tiling, tiling, self.cuts.tile_rows)
                 if n > best_len:

@@ -50,6 +50,7 @@ class Session:
     threshold: float | None
     draws: PositionDraws  # its random numbers, by position: a seed makes them reproducible
     owner: str = "anonymous"  # the API key identity that opened it
+    cache_scope: str = ""  # whose prefixes it reuses within the key (a proxy's client's)
     last_used: float = field(default_factory=time.monotonic)
     # The last round's request and answer: a replay of it (a client that lost the
     # response) gets the same answer and changes nothing.
@@ -136,14 +137,15 @@ class SessionTable:
 
     def reserve(
         self, session_id: str, owner: str, prompt: Sequence[int], keep: Iterable[str] = (),
-        tiling: Tiling = (),
+        tiling: Tiling = (), scope: str = "",
     ) -> Reservation:  # fmt: skip
         """A sequence for the prefill of session `session_id` (checked by check_new_id):
-        the prefix cache's choice, trimmed to what it shares with `prompt` (and to the
-        cells the prompt's own evaluation, tiled as `tiling` says, would write), or an empty
-        one, made free by the eviction policy when none is: never from a session with a
-        round begun or named in `keep` (sessions with work queued)."""
-        reused = self._take_prefix(owner, prompt, session_id, tiling)
+        the prefix cache's choice among `owner`'s of cache `scope`, trimmed to what it
+        shares with `prompt` (and to the cells the prompt's own evaluation, tiled as
+        `tiling` says, would write), or an empty one, made free by the eviction policy
+        when none is: never from a session with a round begun or named in `keep`
+        (sessions with work queued)."""
+        reused = self._take_prefix(owner, prompt, session_id, tiling, scope)
         if reused is not None:
             seq_id, moved = self._place(reused[0])
             return Reservation(seq_id, reused[1], moved=moved)
@@ -220,9 +222,9 @@ class SessionTable:
         return True
 
     def _take_prefix(
-        self, owner: str, prompt: Sequence[int], session_id: str, tiling: Tiling
+        self, owner: str, prompt: Sequence[int], session_id: str, tiling: Tiling, scope: str
     ) -> tuple[int, int] | None:
-        chosen = self.prefix_reuse.take(owner, prompt, tiling)
+        chosen = self.prefix_reuse.take(owner, prompt, tiling, scope)
         if chosen is None:
             return None
         seq_id, n = chosen
@@ -320,7 +322,8 @@ class SessionTable:
         if keep_prefix and self.prefix_reuse.keeps(session.n_cached):
             # The cells hold exactly tokens[:-1]: the pending token was never evaluated.
             cells = session.tokens[:-1]
-            prefix = CachedPrefix(session.owner, cells, tiling=clip(session.tiling, len(cells)))
+            tiling = clip(session.tiling, len(cells))
+            prefix = CachedPrefix(session.owner, cells, tiling=tiling, scope=session.cache_scope)
             self.prefix_reuse.keep(session.seq_id, prefix)
             return
         self.ids.release(session.seq_id)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from server.verifier.decoding.jobs import JobRows
 from server.verifier.decoding.passes import PassShapes
@@ -42,10 +43,14 @@ from server.verifier.probe.round_probe import (
     PROBE_CONTEXT,
     InvarianceReport,
     ProbeTarget,
+    fill_contexts,
     round_tokens,
     rounds_difference,
 )
 from server.verifier.settings import VerifierSettings
+
+if TYPE_CHECKING:  # verdict_cache hashes this module's code
+    from server.verifier.probe.verdict_cache import VerdictCache
 
 PROBE_TEXT = (
     "Speculative decoding checks a whole draft in one pass, so the numbers must not "
@@ -74,12 +79,23 @@ def prompt_chunks(n_batch: int, requested: int, reuse: bool, shortest: int) -> l
 
 
 def probe_engine(
-    decoder: ProbeTarget, settings: VerifierSettings, reuse: bool
+    decoder: ProbeTarget,
+    settings: VerifierSettings,
+    reuse: bool,
+    verdicts: VerdictCache | None = None,
 ) -> tuple[InvarianceReport, PassShapes]:
     """The engine's probe, from its settings: the report, and the pass shapes to use
-    (pinned or free, each pass's cost in rows measured unless the settings give it)."""
+    (pinned or free, each pass's cost in rows measured unless the settings give it).
+    With `verdicts`, an earlier start's verdicts on the same inputs are taken, and only
+    the passes timed again."""
     arguments = probe_arguments(decoder, settings, reuse)
-    report = probe(**arguments)
+    report = verdicts.read(arguments) if verdicts is not None else None
+    if report is None:
+        report = probe(**arguments)
+        if verdicts is not None:
+            verdicts.write(arguments, report)
+    elif not report.pinned_width:
+        report = timed_again(decoder, arguments["free"], arguments["round_rows"], report)
     shapes = replace(
         arguments["free"],
         pass_cost_rows=settings.pass_cost_rows or report.pass_cost_rows,
@@ -201,6 +217,20 @@ def probe(
         prefill_chunk_max_diff=diffs[chosen],
         prompt_chunk=chunks[chosen],
     )
+
+
+def timed_again(
+    target: ProbeTarget, free: PassShapes, round_rows: int, report: InvarianceReport
+) -> InvarianceReport:
+    """`report` with its passes timed on this start (its verdicts taken as they are)."""
+    ids = target.tokenize(PROBE_TEXT * 4, add_special=True)
+    try:
+        fill_contexts(target, free, ids)
+        cost_rows, timed = _pass_cost(target, free, ids, min(round_rows, TIMED_ROUND_ROWS))
+    finally:
+        for seq_id in range(target.n_seq):
+            target.remove(seq_id, -1)
+    return replace(report, pass_cost_rows=cost_rows, pass_s=timed)
 
 
 def _pass_cost(

@@ -68,7 +68,7 @@ def _context(ids: Sequence[int], seq_id: int) -> list[int]:
     return list(ids[1 + shift : 1 + shift + PROBE_CONTEXT - 1])
 
 
-def _fill(
+def fill_contexts(
     target: ProbeTarget, shapes: PassShapes, ids: Sequence[int], seq_ids: Sequence[int] = ()
 ) -> None:
     """The short context into `seq_ids` (every sequence if none)."""
@@ -93,7 +93,7 @@ def rounds_difference(
     """Rounds one row at a time, alone, and in the largest pass, compared; with
     `long_ids` (more cells than the short context), the largest pass again with sequence
     0 long (_long_round): the other sequences' rows then attend over its span."""
-    _fill(target, shapes, ids)
+    fill_contexts(target, shapes, ids)
     probed = sorted({target.n_seq // 2, target.n_seq - 1})
     lengths = {
         s: round_rows if s in probed else 1 + (s * 7) % round_rows for s in range(target.n_seq)
@@ -130,7 +130,7 @@ def rounds_difference(
         try:
             long, beside = _long_round(target, widest, long_ids, round_rows, len(rounds[0]), others)
         finally:
-            _fill(target, shapes, ids, [0])  # the short context again
+            fill_contexts(target, shapes, ids, [0])  # the short context again
         for job, got in zip(others, beside, strict=True):
             if job.seq_id in ways:
                 ways[job.seq_id].append(got)

@@ -10,8 +10,9 @@ thread, and hands the answers to the callers.
 A step, in order: calls that need no decode (a DELETE, the end of a /generate) run once
 their session's earlier work is done; new jobs begin (a prompt reserves its sequence, a
 round is checked, a replayed round is answered from its record); then one decode: every
-begun round, shaped into as few passes as the engine can make, or one chunk of one
-prompt, the prompts taking turns by API key (`PromptTurns`). When rounds and prompts
+begun round, shaped into as few passes as the engine can make, each client's draft cut to
+its advice while another API key is present (fair_share.py), or one chunk of one prompt,
+the prompts taking turns by API key (`PromptTurns`). When rounds and prompts
 both wait, steps alternate between them, so a round waits at most about one prompt
 chunk, however long the prompts in the queue. (With pinned shapes every pass spans every
 sequence anyway: rounds and a chunk of each prompt share it.) A round that asks for a
@@ -41,6 +42,8 @@ from server.verifier.decoding.engine import Engine
 from server.verifier.decoding.jobs import Opened, PrefillWork, VerifyWork, Work
 from server.verifier.decoding.rounds import grammar_step, record_answer
 from server.verifier.errors import APIError, EngineInterrupted, InternalError, SessionNotFound
+from server.verifier.kv.sessions import Session
+from server.verifier.scheduling.fair_share import KeysPresent, share_fairly
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +163,14 @@ def run_inline(owner: str, fn: Callable[[], np.ndarray]) -> Pending:
 
 
 class CycleStep:
-    def __init__(self, engine: Engine, masks: MaskRunner = run_inline):
-        """`masks`: where a round's grammar masks are computed (by owner)."""
+    def __init__(
+        self, engine: Engine, masks: MaskRunner = run_inline, present: KeysPresent | None = None
+    ):
+        """`masks`: where a round's grammar masks are computed (by owner); `present`: the
+        API keys seen lately, besides those queued (none where not given)."""
         self.engine = engine
         self.masks = masks
+        self.present = present or KeysPresent()
         self.turns = PromptTurns()
         self.prompt_next = False  # the last step decoded rounds while a prompt waited
 
@@ -172,6 +179,7 @@ class CycleStep:
         out = Step()
         if not queued:
             return out
+        self.present.seen(job.owner for job in queued if job.request is not None)
         pinned = bool(self.engine.shapes.pinned_width)
         # A prompt's turn begins no round: a round begun is decoded in the same step, so
         # none is left begun in the engine while its request may go away.
@@ -184,7 +192,7 @@ class CycleStep:
                 self._decode(self.turns.next(prompts), out, interleaved=prompt_turn)
                 self.prompt_next = False
             else:
-                self._share_fairly(rounds)
+                self._share_fairly(rounds, queued)
                 self._decode(rounds, out)
                 self.prompt_next = bool(prompts)
         except Exception as exc:
@@ -194,32 +202,22 @@ class CycleStep:
             for job in queued:
                 if id(job) not in answered:
                     out.answer(job, self.fail(job, error))
+        self.present.seen(job.owner for job, _ in out.answers if job.request is not None)
         return out
 
-    def _share_fairly(self, rounds: Sequence[Job]) -> None:
-        """Where rounds of more than one API key share a step, each client's draft is cut
-        to the draft the verifier advises its session (at least one token): the pass is as
-        wide as its widest round, and one key's long drafts would otherwise make every
-        other key's round wait for rows it never asked for. Alone, a key's drafts cost
-        only itself; pinned, every session's rows are decoded anyway (`step` does not
-        call this). Not cut: the verifier's own copies, a chunk's steps, and any round
-        while the advice is unknown. A grammar's round keeps its masks' first rows (row i
-        is the grammar's state after the draft's first i tokens). A cut round says what it verified
-        (`draft_verified`); a prefix of a draft is judged as the whole is."""
+    def _share_fairly(self, rounds: Sequence[Job], queued: Sequence[Job]) -> None:
+        """Each client's draft cut to its session's advice while another API key is
+        present: a round or a prompt of it queued now, or one seen lately (fair_share.py).
+        Pinned, every session's rows are decoded anyway: `step` does not call this."""
         works = [job.work for job in rounds if isinstance(job.work, VerifyWork)]
-        if len({work.session.owner for work in works}) < 2:
-            return
+        present = self.present.recent() | {job.owner for job in queued if job.request is not None}
+        share_fairly(works, present, self._advice)
+
+    def _advice(self, session: Session) -> int | None:
         engine = self.engine
-        for work in works:
-            session = work.session
-            if work.copied or not work.advise:
-                continue
-            advised = engine.advisor.advise(
-                session.acceptance, engine.max_draft, session.last_draft, session.owner
-            )
-            keep = len(work.draft_tokens) if advised is None else max(advised, 1)
-            if len(work.draft_tokens) > keep:
-                work.cut(keep)
+        return engine.advisor.advise(
+            session.acceptance, engine.max_draft, session.last_draft, session.owner
+        )
 
     def fail(self, job: Job, error: Exception) -> VerifyResponse | Exception:
         """Undo a job that will not be finished; what to answer it: `error`, or for a
@@ -238,11 +236,7 @@ class CycleStep:
             session = self.engine.session(job.session_id, job.owner)
         except SessionNotFound:  # ended meanwhile: nothing to replay, nothing to advise
             return job.chunk.answer(None)
-        engine = self.engine
-        advised = engine.advisor.advise(
-            session.acceptance, engine.max_draft, session.last_draft, session.owner
-        )
-        answer = job.chunk.answer(advised)
+        answer = job.chunk.answer(self._advice(session))
         record_answer(session, job.round_key, answer)
         return answer
 

@@ -34,6 +34,7 @@ from server.verifier.errors import EngineInterrupted, ServerFull
 from server.verifier.metrics import VerifierMetrics
 from server.verifier.scheduling.admission import QueueShare
 from server.verifier.scheduling.cycle import CycleStep, Job, Step
+from server.verifier.scheduling.fair_share import KeysPresent
 from server.verifier.scheduling.gather import Gatherer
 from server.verifier.scheduling.keyed_pool import GRAMMAR_NICE, KeyedPool
 from server.verifier.settings import VerifierSettings
@@ -90,7 +91,7 @@ class BatchScheduler:
         self.metrics = metrics
         self.settings = settings
         self.mask_pool = KeyedPool(MASK_WORKERS, "masks", per_owner=0, nice=GRAMMAR_NICE)
-        self.cycle = CycleStep(engine, masks=self._masks)
+        self.cycle = CycleStep(engine, self._masks, KeysPresent(settings.key_present_s))
         self.admission = QueueShare(settings.max_queue)
         self.gatherer = Gatherer(
             engine.shapes.pass_cost_rows, pinned=bool(engine.shapes.pinned_width)

@@ -7,8 +7,10 @@ Where each part runs:
   everything that reads or changes sessions, decodes included, and a session's end;
 - the text pool: `Engine.tokenize` and `Engine.detokenize`, which read the vocabulary
   only (tests/unit/test_service_boundary.py holds this);
-- the grammar thread: compiling a grammar into a new session's state (`Grammars` is
-  thread-safe; the state is no session's until the prefill that carries it begins).
+- the grammar threads: a new session's grammar state (`Grammars` is thread-safe; the
+  state is no session's until the prefill that carries it begins), a copy of one its key
+  has compiled already in one, a compile in the other: a key's copy never waits for
+  another key's compile.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ TEXT_WORKERS = 2
 # key's text never waits behind more than this many of a flooding key's.
 TEXTS_PER_KEY = 2 * TEXT_WORKERS
 # Grammars are compiled apart from texts, one at a time (a grammar's memory is measured
-# as the process's), keys in turn (keyed_pool.py), this many a key waiting or compiling.
+# as the process's), keys in turn (keyed_pool.py), this many a key waiting or compiling;
+# copies of compiled ones apart from compiles, as many a key.
 GRAMMARS_PER_KEY = 2
 
 
@@ -63,11 +66,13 @@ class VerifierService:
         self._text_pool = ThreadPoolExecutor(TEXT_WORKERS, thread_name_prefix="text")
         self._texts_by_key: Counter[str] = Counter()
         self._grammar_pool = KeyedPool(1, "grammars", per_owner=GRAMMARS_PER_KEY, nice=GRAMMAR_NICE)
+        self._copy_pool = KeyedPool(1, "grammar-copies", GRAMMARS_PER_KEY, GRAMMAR_NICE)
 
     def close(self) -> None:
         # Text work still running uses the model: it ends before the engine frees it.
         self._text_pool.shutdown(wait=True, cancel_futures=True)
         self._grammar_pool.shutdown()
+        self._copy_pool.shutdown()
         self.scheduler.close()
 
     async def _in_text_pool(self, fn: Callable, *args, **kwargs):
@@ -77,8 +82,9 @@ class VerifierService:
 
     async def _prepared(self, request: P, owner: str) -> tuple[P, Constraint | None]:
         """The request with its prompt text tokenized (in the text pool, TEXTS_PER_KEY a
-        key) and its grammar compiled, the session's state (in the grammar pool: one at a
-        time, keys in turn, GRAMMARS_PER_KEY a key): the engine thread only ever sees token
+        key) and its grammar's state for the session: a copy where the key has it compiled
+        (in the copy pool), or compiled (in the grammar pool: one at a time); each pool
+        serves keys in turn, GRAMMARS_PER_KEY a key. The engine thread only ever sees token
         ids and compiled grammars. A text that cannot fit is refused untokenized; work past
         a key's share is refused (503, to retry)."""
         if request.prompt is not None:
@@ -86,9 +92,14 @@ class VerifierService:
         if request.grammar is None:
             return request, None
         grammars, prompt_ids = self.engine.grammars, request.prompt_tokens
-        compiled = self._grammar_pool.submit(
-            owner, lambda: prepared_constraint(grammars, request, prompt_ids, owner)
-        )
+
+        def prepared(compile: bool) -> Constraint | None:
+            return prepared_constraint(grammars, request, prompt_ids, owner, compile)
+
+        copied = await asyncio.wrap_future(self._copy_pool.submit(owner, lambda: prepared(False)))
+        if copied is not None:
+            return request, copied
+        compiled = self._grammar_pool.submit(owner, lambda: prepared(True))
         return request, await asyncio.wrap_future(compiled)
 
     async def _tokenized(self, request: P, owner: str) -> P:
@@ -126,7 +137,7 @@ class VerifierService:
         opened = await self.scheduler.prefill(request, owner, constraint)
         if gone is not None and await gone():
             await self._discard(opened, owner)
-        return opened.response
+        return _with_limit(opened.response, constraint)
 
     async def verify(
         self, request: VerifyRequest, owner: str, routing: Sequence[str] = ()
@@ -166,8 +177,10 @@ class VerifierService:
         tokens: list[int] = []
         eos = False
         total_tokens = prefill.total_tokens
+        limit = constraint.token_limit if constraint is not None else None
+        wanted = min(request.max_tokens, limit or request.max_tokens)
         try:
-            while len(tokens) < request.max_tokens and total_tokens <= self.engine.n_ctx:
+            while len(tokens) < wanted and total_tokens <= self.engine.n_ctx:
                 if gone is not None and await gone():
                     break
                 step = await self.scheduler.verify(
@@ -196,6 +209,7 @@ class VerifierService:
                 total_ms=round((ended - began) * 1000.0, 3),
                 tokens_per_s=round(len(tokens) / decode_s, 3) if decode_s > 0 else 0.0,
             ),
+            grammar_token_limit=limit,
         )
 
     def info(self) -> InfoResponse:
@@ -222,3 +236,11 @@ class VerifierService:
         """End the session `opened` opened, if it is still that one and still there
         (eviction may have won)."""
         await self.scheduler.end(opened.session.session_id, owner, only=opened.session)
+
+
+def _with_limit(response: PrefillResponse, constraint: Constraint | None) -> PrefillResponse:
+    """The prefill's answer, naming the tokens the session may generate where its grammar
+    bounds them (its end unproven: server/shared/grammar_ends.py)."""
+    if constraint is None or constraint.token_limit is None:
+        return response
+    return response.model_copy(update={"grammar_token_limit": constraint.token_limit})
