@@ -88,3 +88,18 @@ def test_the_timed_passes_are_never_kept():
 def test_a_runtime_without_a_model_file_keeps_nothing(tmp_path: Path):
     assert VerdictCache.of(str(tmp_path), FakeRuntime()) is None  # type: ignore[arg-type]
     assert VerdictCache.of("", FakeRuntime()) is None  # type: ignore[arg-type]
+
+
+def test_a_value_of_another_type_or_another_users_file_is_never_taken(tmp_path: Path, monkeypatch):
+    runtime = FakeRuntime(n_seq_max=4, n_batch=64, n_ctx_per_seq=256)
+    cache = VerdictCache(tmp_path, FACTS)
+    probed(runtime, cache)
+    (path,) = tmp_path.glob("*.json")
+    fields = json.loads(path.read_text())
+    for name, wrong in (("batch_invariant", 1), ("pinned_width", True), ("max_abs_diff", "0")):
+        path.write_text(json.dumps({**fields, name: wrong}))
+        _, _, decodes = probed(runtime, cache)
+        assert decodes > 20, name  # probed again, and written again whole
+    monkeypatch.setattr("os.getuid", lambda: path.stat().st_uid + 1)
+    _, _, decodes = probed(runtime, cache)
+    assert decodes > 20  # a file this user did not write vouches for nothing

@@ -49,6 +49,32 @@ PROBE_CODE: tuple[ModuleType, ...] = (
 # Variables that steer ggml's kernels or threads.
 NUMERICS_ENV_PREFIXES = ("GGML_", "LLAMA_", "OMP_", "CUDA_", "HIP_", "MKL_", "OPENBLAS_")
 TIMED_FIELDS = ("pass_cost_rows", "pass_s")  # measured at every start, never kept
+# Libraries a pass's numbers may come from, besides llama-cpp-python's own: the C and
+# C++ runtimes' maths, OpenMP, and the GPU and BLAS stacks (a driver's library carries
+# its version in its name).
+NUMERICS_LIBRARIES = (
+    "libggml",
+    "libllama",
+    "libc.so",
+    "libm.so",
+    "libstdc++",
+    "libgomp",
+    "libomp",
+    "libiomp",
+    "libcuda",
+    "libcublas",
+    "libnvidia",
+    "libnvrtc",
+    "libvulkan",
+    "libMoltenVK",
+    "libamdhip",
+    "libhip",
+    "librocblas",
+    "libmkl",
+    "libopenblas",
+    "libblas",
+    "libsycl",
+)
 
 
 def cache_key(facts: Mapping[str, object]) -> str:
@@ -67,11 +93,27 @@ def stored(report: InvarianceReport) -> dict:
 
 def restored(fields: Mapping[str, object]) -> InvarianceReport:
     """A report from `stored`'s JSON; its timed passes empty (pure). Raises on a file of
-    another shape (an older version's: probed again)."""
-    known = {f.name for f in dataclasses.fields(InvarianceReport)} - set(TIMED_FIELDS)
-    if set(fields) != known:
-        raise ValueError(f"fields {sorted(set(fields) ^ known)} differ")
+    another shape (an older version's: probed again) or a value of another type."""
+    kinds = {
+        f.name: type(f.default) if f.default is not dataclasses.MISSING else f.type
+        for f in dataclasses.fields(InvarianceReport)
+        if f.name not in TIMED_FIELDS
+    }
+    if set(fields) != set(kinds):
+        raise ValueError(f"fields {sorted(set(fields) ^ set(kinds))} differ")
+    for name, value in fields.items():
+        if not _of_kind(value, kinds[name]):
+            raise ValueError(f"{name} is {value!r}")
     return InvarianceReport(**fields)  # type: ignore[arg-type]
+
+
+def _of_kind(value: object, kind: object) -> bool:
+    """JSON's value for a report field: a bool is no number, an int may stand for a float."""
+    if kind in (bool, "bool"):
+        return isinstance(value, bool)
+    if kind in (int, "int"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class VerdictCache:
@@ -95,6 +137,9 @@ class VerdictCache:
     def read(self, arguments: Mapping[str, object]) -> InvarianceReport | None:
         path = self.path(arguments)
         try:
+            if path.stat().st_uid != os.getuid():
+                # Another user's file in a shared folder could vouch for passes that differ.
+                raise ValueError("the file is another user's")
             report = restored(json.loads(path.read_text()))
         except FileNotFoundError:
             return None
@@ -133,7 +178,14 @@ def runtime_facts(model: LlamaRuntime) -> dict[str, object]:
     the variables that steer ggml."""
     stat = model.model_path.stat()
     return {
-        "model": [str(model.model_path.resolve()), stat.st_size, stat.st_mtime_ns],
+        # A file written again, copied over or renamed into place changes one of these.
+        "model": [
+            str(model.model_path.resolve()),
+            stat.st_size,
+            stat.st_mtime_ns,
+            stat.st_ctime_ns,
+            stat.st_ino,
+        ],
         "context": [
             model.n_seq_max,
             model.n_ctx_per_seq,
@@ -144,6 +196,8 @@ def runtime_facts(model: LlamaRuntime) -> dict[str, object]:
             model.n_gpu_layers,
         ],
         "build": _build_files(),
+        "libraries": _numerics_libraries(),
+        "system": platform.platform(),
         "devices": [[d.name, d.backend, d.description] for d in list_devices()],
         "cpu": [platform.machine(), *_cpu_model_and_flags()],
         "code": _code_digest(),
@@ -160,6 +214,27 @@ def _build_files() -> list[object]:
     lib = Path(spec.origin).parent / "lib"
     files = sorted(lib.glob("*")) if lib.is_dir() else []
     return [version, *([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files)]
+
+
+def _numerics_libraries() -> list[object]:
+    """Each library of NUMERICS_LIBRARIES this process has loaded (path, size, times):
+    a driver, CUDA or C library updated in place is another key. Read where the system
+    lists a process's mappings (Linux); elsewhere the build's own files stand for them."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = sorted({line.split()[-1] for line in lines if line.count(" ") >= 5})
+    found: list[object] = []
+    for name in paths:
+        path = Path(name)
+        if path.name.startswith(NUMERICS_LIBRARIES) and ".so" in path.name:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append([name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns])
+    return found
 
 
 def _cpu_model_and_flags() -> list[str]:
