@@ -182,8 +182,8 @@ def candidate_generator(
     if options.seed is not None:
         # The same seed gives the same text: a draft decides how a round's draws fall,
         # so none may come from what ran before (the history starts empty, as the
-        # model's sequence does: drafter/serve/backend.py), nor be cut by the verifier's
-        # measured times (a lookup is verified whole).
+        # model's sequence does: drafter/serve/backend.py), nor be sized by the verifier's
+        # measured times (a lookup goes unsized: docs/sampling.md says what repeats).
         history, sized = None, False
     # A lookup drafts the verifier's own ids, so its q spans the verifier's vocabulary.
     sampled = options.effective_strategy == Strategy.rejection

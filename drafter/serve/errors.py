@@ -182,8 +182,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # FastAPI answers a body its reader (read_json) refused with a bare 400.
-        if nested_too_deep(exc):
+        # FastAPI answers a body its reader refused with a bare 400: read_json's refusals,
+        # and the route's validation where the body was read (drafter/serve/routes.py).
+        if isinstance(invalid := exc.__cause__, RequestValidationError):
+            error = describe_validation(invalid.errors())
+        elif nested_too_deep(exc):
             error = invalid_request(NESTED_TOO_DEEP, code="invalid_json")
         elif isinstance(unreadable := exc.__cause__, UnreadableText):
             error = invalid_request(str(unreadable), param=unreadable.where, code="invalid_json")

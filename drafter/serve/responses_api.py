@@ -209,6 +209,8 @@ class ResponsesRequest(EdgeRequest):
     @model_validator(mode="wrap")
     @classmethod
     def _hosted_tools_left_out(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(data, cls):  # a request already made (its body validated where read)
+            return handler(data)
         left_out: list[str] = []
         tools = data.get("tools") if isinstance(data, dict) else None
         if isinstance(tools, list) and len(tools) <= MAX_TOOLS:  # more: refused as they are

@@ -7,6 +7,7 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
@@ -28,21 +29,41 @@ async def get_backend(request: Request) -> SpeculativeBackend:  # async: no thre
 
 
 class _ReadJSON(Request):
+    def __init__(self, request: Request, validate: Callable[[Any], Any]):
+        super().__init__(request.scope, request.receive)
+        self.validate = validate
+
     async def json(self) -> Any:
-        return await parse_body(await self.body(), self.app.state.backend.render_gate)
+        return await parse_body(
+            await self.body(), self.app.state.backend.render_gate, self.validate
+        )
 
 
 class JSONRoute(APIRoute):
-    """A route whose JSON body is read by `read_json` (a large one off the event loop:
-    drafter/serve/body_bounds.py): text that is not Unicode (a lone surrogate anywhere in
-    it, in a schema as in a message) is refused, its field named (drafter/serve/errors.py),
-    before any work."""
+    """A route whose JSON body is read by `read_json` and validated where it was read (a
+    large one off the event loop: drafter/serve/body_bounds.py): text that is not Unicode
+    (a lone surrogate anywhere in it, in a schema as in a message) is refused, its field
+    named (drafter/serve/errors.py), before any work."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
+        field = self.body_field
+
+        def validate(value: Any) -> Any:
+            """The body as FastAPI validates it, by its own field: the same request, the
+            same errors. FastAPI then meets the request made and takes it as it is
+            (pydantic runs only the model's own after and wrap validators on an instance)."""
+            if field is None:
+                return value
+            request, errors = field.validate(value, {}, loc=("body",))
+            if errors:
+                # FastAPI answers what json() raises with a bare 400 whose cause this is,
+                # answered as its own validation errors are (drafter/serve/errors.py).
+                raise RequestValidationError(errors, body=value)
+            return request
 
         async def handler(request: Request) -> Response:
-            return await handle(_ReadJSON(request.scope, request.receive))
+            return await handle(_ReadJSON(request, validate))
 
         return handler
 

@@ -28,6 +28,8 @@ import numpy as np
 from server.shared.grammar_text import grammar_bounds, lark_of_gbnf
 from server.shared.json_schemas import held_schema
 
+# What a grammar's time budgets are measured by (a test's own clock, in a test).
+clock = time.perf_counter
 # Kinds of grammar a request may give, and how each becomes llguidance's.
 GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
 # llguidance's own limits on a grammar's size and the work of one mask, but for its error
@@ -77,7 +79,7 @@ def compile_grammar(kind: str, source: str | dict[str, Any], deadline: float | N
 
 
 class TokenLimitReached(GrammarError):
-    """A round that could take the session past its `token_limit`."""
+    """A round of a session that has generated its `token_limit`."""
 
 
 class GrammarTooSlow(GrammarError):
@@ -111,26 +113,21 @@ class Constraint:
         """The allowed tokens of a round's rows (llguidance's bitmask, a row for the
         pending token and one per draft token), each after the draft tokens before it;
         rows after a draft token the grammar forbids allow everything (they are never
-        read). A row that takes longer than `row_budget_s` (0: no limit) fails the grammar
-        for good: `GrammarTooSlow`. The state is as it was after."""
+        read); only the draft's first `draft_room` tokens have rows. A row that takes
+        longer than `row_budget_s` (0: no limit) fails the grammar for good:
+        `GrammarTooSlow`. The state is as it was after."""
         if self.failure is not None:
             raise GrammarError(self.failure)
         self._take_deferred(row_budget_s)
+        draft_tokens = draft_tokens[: self.draft_room(len(draft_tokens))]
         rows = len(draft_tokens) + 1
-        if self.token_limit is not None and self.generated + rows > self.token_limit:
-            raise TokenLimitReached(
-                f"the session has generated {self.generated} tokens; a round of {rows - 1} "
-                f"draft tokens could pass {self.token_limit}, the most a session may generate "
-                "under a grammar whose end the verifier cannot prove "
-                "(VERIFIER_GRAMMAR_UNPROVEN_TOKENS)"
-            )
         bitmask = np.full((rows, (self.n_vocab + 31) // 32), -1, dtype=np.int32)
         matcher, consumed = self._matcher, 0
         try:
             for row in range(rows):
-                began = time.perf_counter()
+                began = clock()
                 llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, row)
-                spent = time.perf_counter() - began
+                spent = clock() - began
                 if row_budget_s and spent > row_budget_s:
                     self.failure = (
                         f"the grammar took {spent * 1000:.0f} ms for one token's mask, over "
@@ -144,6 +141,22 @@ class Constraint:
         finally:
             matcher.rollback(consumed)
         return bitmask
+
+    def draft_room(self, drafted: int) -> int:
+        """How many of a round's `drafted` tokens it may verify: all but where the session
+        has a `token_limit`, there as many as leave room for the round's own token (a round
+        commits at most its draft and one more). A round once the session has generated
+        its limit: `TokenLimitReached`."""
+        if self.token_limit is None:
+            return drafted
+        generated = self.generated + len(self._deferred)
+        if generated >= self.token_limit:
+            raise TokenLimitReached(
+                f"the session has generated {generated} tokens, the most a session may "
+                "generate under a grammar whose end the verifier cannot prove "
+                "(VERIFIER_GRAMMAR_UNPROVEN_TOKENS)"
+            )
+        return min(drafted, self.token_limit - generated - 1)
 
     def apply_masks(self, logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
         """The rows with what the masks forbid at -inf (pure numpy: the engine's part)."""
@@ -180,23 +193,20 @@ class Constraint:
         if not self._deferred:
             return
         tokens, self._deferred = self._deferred, []
-        began = time.perf_counter()
         try:
-            self.commit(tokens)
+            self.commit(tokens, budget_s)
+        except GrammarTooSlow as exc:
+            self.failure = str(exc)
+            raise
         except GrammarError as exc:
             self.failure = f"the grammar refused its committed tokens: {exc}"
             raise GrammarError(self.failure) from None
-        spent = time.perf_counter() - began
-        if budget_s and spent > budget_s * max(1, len(tokens)):
-            self.failure = (
-                f"the grammar took {spent * 1000:.0f} ms to take {len(tokens)} tokens, over "
-                f"the limit of {budget_s * 1000:.0f} ms a token (VERIFIER_GRAMMAR_ROW_MS)"
-            )
-            raise GrammarTooSlow(self.failure)
 
-    def commit(self, tokens: Sequence[int]) -> Callable[[], object]:
-        """Advance the state by the round's committed tokens; returns what undoes it."""
+    def commit(self, tokens: Sequence[int], budget_s: float = 0.0) -> Callable[[], object]:
+        """Advance the state by the round's committed tokens; returns what undoes it.
+        Past `budget_s` a token on average so far (0: no limit), undone: `GrammarTooSlow`."""
         matcher, consumed = self._matcher, 0
+        began = clock()
         # One token a call: llguidance holds the GIL while it consumes, and an ambiguous
         # grammar's token can take milliseconds; between calls the engine thread and the
         # event loop run (a mask, unlike a consume, is computed without the GIL).
@@ -204,6 +214,13 @@ class Constraint:
             if matcher.try_consume_tokens([token]) != 1:
                 break
             consumed += 1
+            if budget_s and (spent := clock() - began) > budget_s * consumed:
+                matcher.rollback(consumed)
+                raise GrammarTooSlow(
+                    f"the grammar took {spent * 1000:.0f} ms to take {consumed} of "
+                    f"{len(tokens)} tokens, over the limit of {budget_s * 1000:.0f} ms a "
+                    "token (VERIFIER_GRAMMAR_ROW_MS)"
+                )
         taken = consumed
         # The end of the grammar's text is not consumed by trying: it is taken on its own
         # (a matcher that stopped already, with nothing left to write, takes it as is).

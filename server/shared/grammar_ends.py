@@ -23,16 +23,18 @@ import re
 import time
 from collections.abc import Iterable
 from typing import Any, Literal
-from urllib.parse import unquote, urldefrag, urljoin
 
 from lark import Tree
-from lark.grammar import NonTerminal
-from lark.load_grammar import GrammarBuilder, _parse_grammar
+from lark.grammar import NonTerminal, Terminal
+from lark.load_grammar import GrammarBuilder, _literal_to_pattern, _parse_grammar
 
+from server.shared.grammar_leaves import Matches, enum_matches, regex_matches, scalar_matches
 from server.shared.grammar_text import GOES_ON, CheckTimeout
-from server.shared.json_schemas import SCHEMA_MAPS, SCHEMAS
+from server.shared.schema_refs import BASE, UNRESOLVED, Resources
 
-NEVER_ENDS = "the grammar can never end: every way through it refers back to itself"
+NEVER_ENDS = (
+    "the grammar can never end: every way through it refers back to itself or matches nothing"
+)
 # What the check finds: the grammar can end; it can never end; or every way to an end it
 # found goes through a part it does not read.
 Ending = Literal["ends", "never", "unknown"]
@@ -40,6 +42,7 @@ _CHECK_EVERY = 1024  # steps between two reads of the clock
 # The empty string, which Lark refuses as a terminal: as productive as any other terminal.
 _EMPTY = re.compile(r'(?<![\\"])""(?!")')
 _RULE_HEAD = re.compile(r"[?!]*(_?[a-z][_a-z0-9]*)")
+_TERM_HEAD = re.compile(r"(_?[A-Z][_A-Z0-9]*)")
 
 
 def _statements(text: str) -> Iterable[str]:
@@ -104,11 +107,20 @@ class _Gates:
         self.parents: list[list[int]] = []
         self.clock = clock
         self.unread = self.new("any", 0)
+        self.always, self.never = self.new("all", 0), self.new("any", 0)
 
     def new(self, kind: str, n_children: int) -> int:
         self.missing.append(n_children if kind == "all" else min(1, n_children) or 1)
         self.parents.append([])
         return len(self.missing) - 1
+
+    def leaf(self, matches: Matches) -> int:
+        """A leaf's gate: it holds where it matches something (grammar_leaves.py)."""
+        return (
+            self.always
+            if isinstance(matches, int)
+            else {"none": self.never}.get(matches, self.unread)
+        )
 
     def link(self, gate: int, children: Iterable[int]) -> None:
         for child in children:
@@ -137,73 +149,100 @@ class _Gates:
 
 
 def _lark_ending(text: str, clock: _Clock) -> Ending:
-    """From the rules as Lark parses them, each statement on its own, not as it compiles
-    them: compiling multiplies out every optional and alternative (exponential in their
-    nesting), and Lark's loading resolves terminals into each other (quadratic in their
-    number; a terminal is productive whatever it is). A statement Lark does not read (an
-    extension of llguidance's) leaves its rule unread, whatever it refers to. `%import`s
-    are never followed (they would read files of the server's): a rule they name is not
-    defined here, so it is unread too (a terminal is productive, whatever it is)."""
+    """From the rules and terminals as Lark parses them, each statement on its own, not as
+    it compiles them: compiling multiplies out every optional and alternative (exponential
+    in their nesting), and Lark's loading resolves terminals into each other (quadratic in
+    their number). A statement Lark does not read (an extension of llguidance's: `%json`,
+    a terminal's `&` or `~`) leaves its rule or terminal unread, whatever it refers to.
+    `%import`s are never followed (they would read files of the server's): a rule they
+    name is not defined here, so it is unread too; a terminal not defined here (common's
+    WORD, NUMBER...) matches something."""
     builder = GrammarBuilder()
-    definitions: dict[str, Any] = {}  # a rule's tree; None: unread, or defined twice
+    rules: dict[str, Any] = {}  # a rule's tree; None: unread, or defined twice
+    terms: dict[str, Any] = {}  # a terminal's, alike
     for statement in _statements(text):
         clock.tick()
         try:
             parsed = _parse_grammar(statement, "<?>").children
         except Exception:  # llguidance's syntax, or nested past Lark's reach: not read
-            head = _RULE_HEAD.match(statement)
-            if head:
-                definitions[head.group(1)] = None
+            if head := _RULE_HEAD.match(statement):
+                rules[head.group(1)] = None
+            elif head := _TERM_HEAD.match(statement):
+                terms[head.group(1)] = None
             continue
         for stmt in parsed:
             if stmt.data in ("override", "extend"):
                 stmt = stmt.children[0]
-                if stmt.data == "rule":
-                    definitions[builder._unpack_definition(stmt, None)[0]] = None
-            elif stmt.data == "rule":
+                defined = rules if stmt.data == "rule" else terms
+                defined[builder._unpack_definition(stmt, None)[0]] = None
+            elif stmt.data in ("rule", "term"):
                 name, _, tree, params, _ = builder._unpack_definition(stmt, None)
-                unread = params or name in definitions  # a template, or defined again
-                definitions[name] = None if unread else tree
-    rules = {name: tree for name, tree in definitions.items() if tree is not None}
-    if "start" not in rules:
+                defined = rules if stmt.data == "rule" else terms
+                unread = params or name in defined  # a template, or defined again
+                defined[name] = None if unread else tree
+    if rules.get("start") is None:
         return "unknown"  # no start, or one the check does not read
     gates = _Gates(clock)
-    always = gates.new("all", 0)
-    names = {name: gates.new("any", 1) for name in rules}
+    lark = _LarkGates(gates, rules, terms)
     try:
-        for name, tree in rules.items():
-            gates.link(names[name], [_lark_gate(tree, gates, names, always)])
+        for names, trees in ((lark.terms, terms), (lark.rules, rules)):
+            for name, gate in names.items():
+                gates.link(gate, [lark.gate(trees[name])])
     except RecursionError:
         return "unknown"
-    return gates.ending(names["start"])
+    return gates.ending(lark.rules["start"])
 
 
-def _lark_gate(tree: Any, gates: _Gates, names: dict[str, int], always: int) -> int:
-    """The gate of a part of a rule: alternatives hold once one does, a sequence once all
-    do; `x?`, `x*`, `[x]` and `x ~ 0..n` always hold, `x+` and `x ~ n..m` once x does; a
-    terminal always holds; a rule not read, and a template's use, are unread."""
-    gates.clock.tick()
-    if isinstance(tree, NonTerminal):
-        return names.get(tree.name, gates.unread)
-    if not isinstance(tree, Tree):
-        return always
-    kind, children = tree.data, tree.children
-    if kind in ("expansions", "expansion", "alias"):
-        parts = [_lark_gate(c, gates, names, always) for c in children if not isinstance(c, str)]
-        if kind == "alias":
-            parts = parts[:1]
-        gate = gates.new("any" if kind == "expansions" else "all", len(parts))
-        gates.link(gate, parts)
-        return gate
-    if kind == "expr":
-        op = str(children[1]) if len(children) > 1 else ""
-        optional = op in ("?", "*") or (op == "~" and str(children[2]) == "0")
-        return always if optional else _lark_gate(children[0], gates, names, always)
-    if kind == "value" and children:
-        return _lark_gate(children[0], gates, names, always)
-    if kind == "template_usage":
-        return gates.unread
-    return always  # a literal, a terminal, `[x]`
+class _LarkGates:
+    """The gates of a Lark grammar's parts: alternatives hold once one does, a sequence
+    once all do; `x?`, `x*`, `[x]` and `x ~ 0..n` always hold, `x+` and `x ~ n..m` once x
+    does; a literal once its regex matches something; a rule or terminal once its
+    definition does; a rule or terminal not read, and a template's use, are unread."""
+
+    def __init__(self, gates: _Gates, rules: dict[str, Any], terms: dict[str, Any]):
+        self.g = gates
+        self.rules = {n: gates.new("any", 1) for n, t in rules.items() if t is not None}
+        self.terms = {n: gates.new("any", 1) for n, t in terms.items() if t is not None}
+        self.unread_terms = {n for n, t in terms.items() if t is None}
+
+    def gate(self, tree: Any) -> int:
+        g = self.g
+        g.clock.tick()
+        if isinstance(tree, NonTerminal):
+            return self.rules.get(tree.name, g.unread)
+        if isinstance(tree, Terminal):
+            return (
+                g.unread if tree.name in self.unread_terms else self.terms.get(tree.name, g.always)
+            )
+        if not isinstance(tree, Tree):
+            return g.always
+        kind, children = tree.data, tree.children
+        if kind in ("expansions", "expansion", "alias"):
+            parts = [self.gate(c) for c in children if not isinstance(c, str)]
+            if kind == "alias":
+                parts = parts[:1]
+            gate = g.new("any" if kind == "expansions" else "all", len(parts))
+            g.link(gate, parts)
+            return gate
+        if kind == "expr":
+            op = str(children[1]) if len(children) > 1 else ""
+            optional = op in ("?", "*") or (op == "~" and str(children[2]) == "0")
+            return g.always if optional else self.gate(children[0])
+        if kind == "value" and children:
+            return self.gate(children[0])
+        if kind == "literal" and getattr(children[0], "type", "") == "REGEXP":
+            return g.leaf(_lark_regex(children[0]))
+        if kind == "template_usage":
+            return g.unread
+        return g.always  # a string, a range, `[x]`
+
+
+def _lark_regex(token: Any) -> Matches:
+    try:
+        pattern = _literal_to_pattern(token).to_regexp()
+    except Exception:  # Lark's own refusal: llguidance's to say
+        return "unread"
+    return regex_matches(pattern)
 
 
 def _schema_ending(schema: Any, clock: _Clock) -> Ending:
@@ -215,90 +254,6 @@ def _schema_ending(schema: Any, clock: _Clock) -> Ending:
     return walk.gates.ending(walk.root)
 
 
-# What a `$ref` the check cannot resolve refers to: a schema it does not read.
-UNREAD = object()
-# Where a schema without an `$id` of its own is held: a base its relative `$id`s and
-# `$ref`s resolve against, as a validator's default one.
-_BASE = "https://schema.invalid/root.json"
-
-
-class _Resources:
-    """A schema's documents (the root, and each object with an `$id`) by their URIs, its
-    anchors, and the base URI of each object in it: what a `$ref` resolves against.
-    Walked through the keywords whose values are schemas (a `$id` in a `const` names
-    nothing), without recursion."""
-
-    def __init__(self, root: dict[str, Any], clock: _Clock):
-        self.documents: dict[str, Any] = {}
-        self.anchors: dict[tuple[str, str], Any] = {}
-        self.base: dict[int, str] = {}
-        self.twice: set[str] = set()  # URIs given twice: which one a `$ref` means is not ours
-        todo: list[tuple[Any, str]] = [(root, _BASE)]
-        while todo:
-            clock.tick()
-            node, base = todo.pop()
-            if not isinstance(node, dict):
-                continue
-            own = node.get("$id")
-            if isinstance(own, str):
-                uri, fragment = urldefrag(_joined(base, own))
-                if uri:
-                    base = uri
-                    self._document(uri, node)
-                if fragment:  # draft 7's `"$id": "#name"`: an anchor
-                    self.anchors.setdefault((base, fragment), node)
-            elif node is root:
-                self._document(base, node)
-            self.base[id(node)] = base
-            for word in ("$anchor", "$dynamicAnchor"):
-                if isinstance(node.get(word), str):
-                    self.anchors.setdefault((base, node[word]), node)
-            for word, value in node.items():
-                if word in SCHEMA_MAPS and isinstance(value, dict):
-                    todo += [(v, base) for v in value.values()]
-                elif word in SCHEMAS and isinstance(value, list):
-                    todo += [(v, base) for v in value]
-                elif word in SCHEMAS:
-                    todo.append((value, base))
-
-    def _document(self, uri: str, node: dict[str, Any]) -> None:
-        if uri in self.documents and self.documents[uri] is not node:
-            self.twice.add(uri)
-        self.documents[uri] = node
-
-    def resolve(self, ref: Any, base: str) -> tuple[Any, str]:
-        """What a `$ref` found at `base` refers to, and its base: a JSON pointer (its
-        fragment percent-decoded first, as a URI's) or an anchor into one of the schema's
-        documents; `UNREAD` for anything else (another document: llguidance resolves or
-        refuses it)."""
-        if not isinstance(ref, str):
-            return UNREAD, base
-        uri, fragment = (base, ref[1:]) if ref.startswith("#") else urldefrag(_joined(base, ref))
-        node = self.documents.get(uri)
-        if node is None or uri in self.twice:
-            return UNREAD, base
-        fragment = unquote(fragment)
-        if fragment and not fragment.startswith("/"):
-            node = self.anchors.get((uri, fragment), UNREAD)
-            return node, self.base.get(id(node), uri)
-        for part in fragment.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return UNREAD, base
-        return node, self.base.get(id(node), uri)
-
-
-def _joined(base: str, ref: str) -> str:
-    try:
-        return urljoin(base, ref)
-    except ValueError:  # not a URI (an unclosed IPv6 host): nothing of the schema's
-        return "invalid:"
-
-
 class _SchemaWalk:
     """A schema's and-or graph: a subschema holds once its `$ref`, its `allOf`, one of each
     `anyOf`/`oneOf`, and what its type needs hold. Subschemas are the schema's own objects,
@@ -307,10 +262,10 @@ class _SchemaWalk:
     def __init__(self, schema: dict[str, Any], clock: _Clock):
         self.gates, self.clock = _Gates(clock), clock
         self.seen: dict[int, int] = {}  # a subschema's id(): its gate
-        self.resources = _Resources(schema, clock)
-        self.always, self.never = self.gates.new("all", 0), self.gates.new("any", 0)
+        self.resources = Resources(schema, clock.tick)
+        self.always, self.never = self.gates.always, self.gates.never
         self.work: list[tuple[dict[str, Any], str]] = []
-        self.root = self.gate(schema, _BASE)
+        self.root = self.gate(schema, BASE)
         while self.work:
             clock.tick()
             node, base = self.work.pop()
@@ -328,7 +283,7 @@ class _SchemaWalk:
     def gate(self, node: Any, base: str) -> int:
         if node is False:
             return self.never
-        if node is UNREAD:
+        if node is UNRESOLVED:
             return self.gates.unread
         if not isinstance(node, dict):
             return self.always
@@ -346,27 +301,37 @@ class _SchemaWalk:
         return self.combined("any", [self.gate(n, base) for n in nodes]) if nodes else self.always
 
     def typed(self, node: dict[str, Any], base: str) -> int | None:
-        """What an object or array schema needs (None: a value of another type, a `const`
-        or an `enum` completes it)."""
+        """What the schema's types need, one type's enough: an object its required keys,
+        an array its first items, a scalar a value within its bounds; a `const` or an
+        `enum` one of its values of those types (grammar_leaves.py). None: no type."""
         types = node.get("type")
         types = [types] if isinstance(types, str) else types
-        if not isinstance(types, list) or not types or "const" in node or "enum" in node:
+        named = types if isinstance(types, list) and types else None
+        if "const" in node or "enum" in node:
+            return self.gates.leaf(enum_matches(node, named))
+        if named is None:
             return None
-        if any(t not in ("object", "array") for t in types):
-            return None
-        ways: list[int] = []
-        if "object" in types:
-            ways.append(self.combined("all", self.object_needs(node, base)))
-        if "array" in types:
-            n_items = _count(node.get("minItems"))
-            prefix = _list(node.get("prefixItems"))[:n_items]
-            needs = [self.gate(n, base) for n in prefix]
-            if n_items > len(prefix):
-                needs.append(self.gate(node.get("items", True), base))
-            if "contains" in node and _count(node.get("minContains", 1)):
-                needs.append(self.gate(node["contains"], base))
-            ways.append(self.combined("all", needs))
+        ways = [self.gates.unread if not isinstance(t, str) else self.of_type(node, t, base)
+            for t in named]  # fmt: skip
         return self.combined("any", ways)
+
+    def of_type(self, node: dict[str, Any], kind: str, base: str) -> int:
+        if kind not in ("object", "array"):
+            return self.gates.leaf(scalar_matches(node, kind))
+        words = ("minProperties", "maxProperties") if kind == "object" else ("minItems", "maxItems")
+        most = node.get(words[1])
+        if isinstance(most, int) and _count(node.get(words[0])) > most:
+            return self.gates.never
+        if kind == "object":
+            return self.combined("all", self.object_needs(node, base))
+        n_items = _count(node.get("minItems"))
+        prefix = _list(node.get("prefixItems"))[:n_items]
+        needs = [self.gate(n, base) for n in prefix]
+        if n_items > len(prefix):
+            needs.append(self.gate(node.get("items", True), base))
+        if "contains" in node and _count(node.get("minContains", 1)):
+            needs.append(self.gate(node["contains"], base))
+        return self.combined("all", needs)
 
     def object_needs(self, node: dict[str, Any], base: str) -> list[int]:
         """An object's required keys' values, each the schema its key is held to: its

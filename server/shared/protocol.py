@@ -230,9 +230,10 @@ class PrefillResponse(ResponseModel):
         None,
         exclude_if=lambda v: v is None,
         description="where the verifier cannot prove the session's grammar can end (a way to "
-        "its end through a rule or `$ref` it does not read): the most tokens the session may "
-        "generate, the prompt's generated_tokens counted; a round that could pass it is "
-        "refused (400 grammar_token_limit). None: no limit but the context",
+        "its end through a part it does not read): the most tokens the session may generate, "
+        "the prompt's generated_tokens counted; a round's draft is verified as far as fits "
+        "(draft_verified), a round at it is refused (400 grammar_token_limit). None: no "
+        "limit but the context",
     )
 
 

@@ -80,7 +80,7 @@ class ContextOverflow(APIError):
 
 
 class GrammarTokenLimit(APIError):
-    """A round that could take a session past the tokens its grammar may generate, where
+    """A round of a session that has generated the tokens its grammar may generate, where
     the verifier cannot prove the grammar ends (VERIFIER_GRAMMAR_UNPROVEN_TOKENS)."""
 
     error_type = "grammar_token_limit"

@@ -86,9 +86,9 @@ class VerifierSettings(BaseSettings):
     key_present_s: float = Field(
         1.0,
         ge=0.0,
-        description="seconds an API key counts as present after its last round or prompt: "
+        description="seconds a key counts as present after its last round or prompt decoded: "
         "while another key is present, each client's draft is verified only as far as its "
-        "session's advice (one token at least); 0 = only while another key has work queued",
+        "session's advice (one token at least); 0 = only while another key's work is decoded",
     )
     verify_fast_path: bool = Field(
         True,
@@ -211,9 +211,9 @@ class VerifierSettings(BaseSettings):
         4096,
         ge=0,
         description="most tokens a session may generate under a grammar the verifier cannot "
-        "prove can end (a way to its end through a rule or `$ref` the check does not read): "
-        "a round past it is refused with 400 grammar_token_limit, and the prefill names the "
-        "bound (0 = no bound but the context)",
+        "prove can end (a way to its end through a part the check does not read): a round's "
+        "draft is verified as far as fits, a round at it is refused with 400 "
+        "grammar_token_limit, and the prefill names the bound (0 = no bound but the context)",
     )
     grammar_max_mb: int = Field(
         64, ge=0, description="most memory one compiled grammar may take, in MB (0 = no limit)"

@@ -1,13 +1,15 @@
 """How large a body `serve` takes, decided before it is read: a Content-Length over the cap
 is a 413 in the API's own shape with not a byte of the body asked for, a chunked body is
 refused as soon as it passes the cap, and a body within it is answered as before. Once
-the verifier's context is known the cap is what a request could use with it. A large
-body is parsed on the render gate's threads, under its bound. No verifier is needed:
-the app is called as ASGI, or its generations are scripted."""
+the verifier's context is known the cap is what a request could use with it, learned
+whole. A large body is parsed and validated on the render gate's threads, under its bound,
+and refused in the same words as a small one. No verifier is needed: the app is called as
+ASGI, or its generations are scripted."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -15,10 +17,16 @@ from typing import Any
 import pytest
 
 import drafter.serve.body_bounds as body_bounds
+import drafter.serve.routes as routes
 from drafter.serve.app import create_app
-from drafter.serve.body_bounds import OTHER_FIELDS_BYTES, PARSED_ON_THE_LOOP_BYTES, BodyBounds
+from drafter.serve.body_bounds import (
+    OTHER_FIELDS_BYTES,
+    PARSED_ON_THE_LOOP_BYTES,
+    BodyBounds,
+    LearnedContext,
+    read_request,
+)
 from drafter.settings import DrafterSettings
-from server.shared.request_body import read_json
 from tests.fixtures.scripted_serve import scripted_serve
 
 OPENAI_PATHS = ["/v1/chat/completions", "/v1/responses", "/v1/completions"]
@@ -112,6 +120,48 @@ def test_the_cap_is_what_the_context_can_use_and_never_over_the_setting():
     assert bounds({"path": "/v1/messages"}) == (4 << 20, "this server's limit (--max-body-bytes)")
 
 
+class LearnedWhileCapping(BodyBounds):
+    """Bounds whose context changes just after each read of it (`learned`: what each read
+    finds, the last for good), as if the load's thread learned between any two reads of
+    one request's: a request that read it twice would be capped by a mix of two."""
+
+    learned: list[LearnedContext | None]
+
+    @property
+    def context(self) -> LearnedContext | None:
+        return self.learned.pop(0) if len(self.learned) > 1 else self.learned[0]
+
+    @context.setter
+    def context(self, value: LearnedContext | None) -> None:
+        self.learned = [value]
+
+
+SHORT = LearnedContext(N_CTX, N_CTX * LONGEST)
+LONG = LearnedContext(4 * N_CTX, 4 * N_CTX * LONGEST)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/completions"])
+@pytest.mark.parametrize(
+    ("read", "then"),
+    [(None, SHORT), (SHORT, LONG), (LONG, SHORT), (SHORT, None)],
+    ids=["unknown-then-short", "short-then-long", "long-then-short", "short-then-unknown"],
+)
+def test_a_request_is_capped_by_one_context_learned_whole(path, read, then):
+    """Whatever is learned after a request's read, its cap and the words of its 413 are
+    the context's it read, as if nothing had changed."""
+    alone = BodyBounds(64 << 20)
+    alone.context = read
+    changing = LearnedWhileCapping(64 << 20)
+    changing.learned = [read, then]
+    assert changing({"path": path}) == alone({"path": path})
+    changing.learned = [read, then]
+    assert changing.useful_bytes(path) == alone.useful_bytes(path)
+    if read is not None:
+        assert f"context of {read.n_ctx} tokens" in alone({"path": path})[1]
+    with pytest.raises(dataclasses.FrozenInstanceError):  # replaced whole, never changed
+        SHORT.n_ctx = LONG.n_ctx  # type: ignore[misc]
+
+
 @pytest.fixture(scope="module")
 def scripted():
     yield from scripted_serve()
@@ -138,26 +188,87 @@ def test_a_body_within_the_learned_cap_is_answered_and_one_byte_more_is_not(scri
         over = api.post("/v1/messages", content=chat_of(cap + 1 - len(chat_of(0))), headers=headers)
         assert over.status_code == 413 and over.json()["error"]["type"] == "request_too_large"
     finally:
-        bounds.learn(0, 0)
+        bounds.context = None
 
 
-def test_a_large_body_is_parsed_on_the_render_gates_threads(scripted, monkeypatch):
+def test_a_large_body_is_parsed_and_validated_on_the_render_gates_threads(scripted, monkeypatch):
+    """Where the body is read and where its request is made, and that the route is handed
+    that very request (FastAPI makes no other on the loop)."""
     serve, api = scripted
     serve.answer = "Fine."
-    threads: list[str] = []
+    made: list[tuple[str, str, Any]] = []  # (what, the thread, the request made)
 
-    def recorded(body: bytes) -> Any:
-        threads.append(threading.current_thread().name)
-        return read_json(body)
+    def recorded(body: bytes, validate: Any) -> Any:
+        def validated(value: Any) -> Any:
+            request = validate(value)
+            made.append(("validated", threading.current_thread().name, request))
+            return request
 
-    monkeypatch.setattr(body_bounds, "read_json", recorded)
+        made.append(("parsed", threading.current_thread().name, None))
+        return read_request(body, validated)
+
+    def checked(request: Any) -> None:
+        made.append(("routed", threading.current_thread().name, request))
+        check_fields(request)
+
+    check_fields = routes.check_fields
+    monkeypatch.setattr(body_bounds, "read_request", recorded)
+    monkeypatch.setattr(routes, "check_fields", checked)
     small, large = chat_of(10), chat_of(PARSED_ON_THE_LOOP_BYTES)
     for body in (small, large):
+        made.clear()
         answered = api.post(
             "/v1/messages", content=body, headers={"content-type": "application/json"}
         )
         assert answered.status_code == 200, answered.text
-    assert not threads[0].startswith("render") and threads[1].startswith("render")
+        (parsed, parsed_on, _), (_, validated_on, request), (_, routed_on, routed) = made
+        assert parsed == "parsed" and validated_on == parsed_on and routed is request
+        assert parsed_on.startswith("render") == (body is large)
+        assert not routed_on.startswith("render")
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_what_validation_found_reaches_the_route(scripted, monkeypatch, size):
+    """FastAPI takes the request made where the body was read as it is: the hosted tools
+    a Responses request left out (found as it was validated) are still known."""
+    _, api = scripted
+    routed: list[Any] = []
+    monkeypatch.setattr(routes, "check_fields", routed.append)
+    function = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    body = {"model": "any", "input": "hi", "tools": [{"type": "web_search_preview"}, function]}
+    api.post("/v1/responses", json=padded(body) if size == "large" else body)
+    (request,) = routed
+    assert request.left_out_tools == ["web_search_preview"]
+    assert [tool.name for tool in request.tools] == ["f"]
+
+
+def padded(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` and a field no model holds, past the size parsed on the loop (every request
+    takes fields it does not know until it is validated: refused, if at all, after)."""
+    return {**body, "padding": "x" * PARSED_ON_THE_LOOP_BYTES}
+
+
+USER = {"role": "user", "content": "hi"}
+INVALID_BODIES = [
+    ("/v1/chat/completions", {"model": "m", "messages": []}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "robot"}], "n": "two"}),
+    ("/v1/chat/completions", {"model": "m", "messages": [USER], "tool_choice": "required"}),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "echo": True, "logprobs": 1}),
+    ("/v1/completions", {"model": "m", "prompt": [[]]}),
+    ("/v1/responses", {"model": "m", "input": 5}),
+    ("/v1/messages", {"model": "m", "messages": [USER]}),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user"}]}),
+    ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": 5}]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), INVALID_BODIES)
+def test_a_large_invalid_body_is_refused_in_the_same_words_as_a_small_one(scripted, path, body):
+    _, api = scripted
+    small, large = api.post(path, json=body), api.post(path, json=padded(body))
+    assert len(large.request.content) > PARSED_ON_THE_LOOP_BYTES >= len(small.request.content)
+    assert small.status_code == 400, small.text
+    assert (large.status_code, large.json()) == (small.status_code, small.json())
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])

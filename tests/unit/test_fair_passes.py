@@ -1,16 +1,27 @@
 """Passes shared fairly: while more than one API key is present on the verifier (a round
-or a prompt of another key queued, or one seen lately), each client's draft is cut to
-the draft its session is advised, so one key's long drafts do not widen the pass another
-key's round shares or arrives during. Alone, a key's drafts are verified whole. The
-answer is the verifier's either way (a prefix of a draft is judged as the whole is), and
-says what it verified."""
+or a prompt of another key being decoded, or one decoded lately; never a refusal, a
+replay or a round waiting for its masks), each client's draft is cut to the draft its
+session is advised, a lookup the verifier sizes too, so one key's long drafts do not
+widen the pass another key's round shares or arrives during. Alone, a key's drafts are
+verified whole. The answer is the verifier's either way (a prefix of a draft is judged
+as the whole is), says what it verified, and a replay gets it again."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 
+from server.shared.protocol import (
+    PrefillRequest,
+    SamplingParams,
+    Strategy,
+    VerifyRequest,
+    VerifyResponse,
+)
 from server.verifier.decoding.checks import round_key
+from server.verifier.errors import APIError
 from server.verifier.scheduling.cycle import CycleStep, Job
 from server.verifier.scheduling.fair_share import (
     KeysPresent,
@@ -20,6 +31,7 @@ from server.verifier.scheduling.fair_share import (
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import core_settings, make_engine, stepped_scheduler
+from tests.unit.test_copy_draft import CpuLikeCost, RepeatingRuntime
 from tests.unit.test_cycle import open_session, prompt_job, round_job
 
 WINDOW_S = 1.0  # how long a key counts as present after its last round or prompt
@@ -110,6 +122,8 @@ class Script:
     """A grammar allowing one token at each position, in turn: row i of a round's masks
     is its state after the draft's first i tokens."""
 
+    token_limit = None  # no bound on the tokens it allows
+
     def __init__(self, tokens: list[int]):
         self.tokens, self.at = tokens, 0
 
@@ -134,14 +148,106 @@ class Script:
 
 def test_a_grammars_round_cut_keeps_its_masks_first_rows(cycle, clock):
     (alice, mallory), (alice_next, _) = sessions(cycle, "alice", "mallory")
-    script = [3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23]
+    script = [3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31]
     mallory.session.constraint = Script(script)
     cycle.step([round_job(alice, alice_next[:1], "alice")])
     ((_, cut),) = cycle.step([round_job(mallory, script[:8], "mallory")]).answers
     assert cut.draft_verified == 1 and cut.tokens == script[:2]
+    # A lookup under a grammar is sized whole (its masks are the draft's): cut all the same.
+    lookup = answered(cycle, lookup_job(mallory, script[2:10], "mallory", 1.0, 4))
+    assert lookup.draft_verified == 1 and lookup.tokens == script[2:4]
     clock.now += WINDOW_S  # alice is gone
-    ((_, whole),) = cycle.step([round_job(mallory, script[2:10], "mallory")]).answers
-    assert whole.draft_verified is None and whole.tokens == script[2:11]
+    ((_, whole),) = cycle.step([round_job(mallory, script[4:12], "mallory")]).answers
+    assert whole.draft_verified is None and whole.tokens == script[4:13]
+    check_engine(cycle.engine)
+
+
+def lookup_job(opened, draft: list[int], owner: str, accept: float, chunk: int | None = None):
+    """A round marked as a lookup the verifier sizes (draft_accept): a chunk's first step."""
+    request = VerifyRequest(
+        session_id=opened.response.session_id,
+        n_past=len(opened.session.tokens),
+        draft_tokens=draft,
+        draft_kind="lookup",
+        draft_accept=accept,
+        chunk_tokens=chunk,
+    )
+    return Job(owner, request.session_id, request=request, round_key=round_key(request))
+
+
+def answered(cycle: CycleStep, job: Job, copies: list | None = None) -> VerifyResponse:
+    """A chunk's answer, a step at a time (`copies`: the verifier's own, added to)."""
+    for _ in range(16):
+        step = cycle.step([job])
+        if copies is not None:
+            copies += step.copies
+        answers = dict(step.answers)
+        if job in answers:
+            return answers[job]
+    raise AssertionError("never answered")
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_a_lookup_the_verifier_sizes_is_cut_as_a_round_is(cycle, clock, chunk):
+    cycle.engine.copier.pass_cost = CpuLikeCost()  # a long lookup sure to be accepted pays
+    (alice, mallory), (alice_next, mallory_next) = sessions(cycle, "alice", "mallory")
+    cycle.step([round_job(alice, alice_next[:1], "alice")])  # alice answered, drafting on
+    mallory_job = lookup_job(mallory, mallory_next[:8], "mallory", 1.0, chunk)
+    cut = answered(cycle, mallory_job)  # alone in its step, beside alice's presence
+    assert cut.draft_verified == 1 and cut.accepted_prefix_len == 1
+    assert cut.tokens == mallory_next[:2]  # the verifier's own tokens, as without the cut
+    ((_, replayed),) = cycle.step([replay(mallory_job)]).answers
+    assert replayed == cut
+    clock.now += WINDOW_S  # alice is gone: verified as the verifier sizes it
+    whole_job = lookup_job(mallory, mallory_next[2:10], "mallory", 1.0, chunk)
+    sized = cycle.engine.copier.size_lookup(mallory.session, whole_job.request)
+    assert sized > 1  # a cut would show
+    whole = answered(cycle, whole_job)
+    assert whole.draft_verified == whole.accepted_prefix_len == sized
+    assert whole.tokens == mallory_next[2 : 2 + sized + 1]
+    check_engine(cycle.engine)
+
+
+def test_a_chunks_later_steps_and_the_verifiers_own_copies_are_not_cut(monkeypatch, clock):
+    runtime = RepeatingRuntime(n_seq_max=4, n_batch=128, n_ctx_per_seq=256)
+    engine = make_engine(runtime, max_draft=8)  # copies of its own on
+    engine.copier.pass_cost = CpuLikeCost()
+    cycle = CycleStep(engine, present=KeysPresent(WINDOW_S, clock))
+    monkeypatch.setattr(engine.advisor, "advise", lambda *args, **kwargs: 1)
+    alice = open_session(cycle, "alice's text", "alice")
+    passage = random.Random(9).sample(range(2, 60), 30)
+    prompt = [*passage, *passage[:14]]  # the passage again: a copy of its own to make
+    mallory = answered(cycle, Job("mallory", None, request=PrefillRequest(prompt_tokens=prompt)))
+    expected = runtime.reference_greedy(prompt, 6)
+    cycle.step([round_job(alice, [], "alice")])  # alice answered, drafting on
+    copies: list = []
+    # None of the lookup pays: the chunk it asked for, with the verifier's own copies.
+    chunk = answered(cycle, lookup_job(mallory, [1, 1, 1], "mallory", 0.0, 6), copies)
+    assert chunk.draft_verified == 0 and chunk.tokens == expected
+    assert max(drafted for drafted, _ in copies) > 1  # copies verified whole, not cut
+    check_engine(engine)
+
+
+def test_a_cut_leaves_sample_and_match_the_verifiers_own_draws(cycle):
+    """Under `match` each token is its position's own draw from p, a draft token there or
+    none: a seeded session's text is the same cut or whole (docs/sampling.md)."""
+
+    def seeded(owner: str):
+        sampling = SamplingParams(temperature=1.0, seed=7)
+        request = PrefillRequest(prompt="one text", sampling=sampling, strategy=Strategy.match)
+        return answered(cycle, Job(owner, None, request=request))
+
+    own, whole, cut = seeded("mallory"), seeded("mallory"), seeded("mallory")
+    draws: list[int] = []
+    while len(draws) < 12:  # the verifier's own, a token a round
+        draws += answered(cycle, round_job(own, [], "mallory")).tokens
+    alone = answered(cycle, round_job(whole, draws[:8], "mallory"))
+    assert alone.draft_verified is None and alone.tokens == draws[:9]
+    seeded("alice")  # another key present
+    first = answered(cycle, round_job(cut, draws[:8], "mallory"))
+    second = answered(cycle, round_job(cut, draws[2:10], "mallory"))
+    assert first.draft_verified == second.draft_verified == 1
+    assert first.tokens + second.tokens == draws[:4]
     check_engine(cycle.engine)
 
 
@@ -153,6 +259,58 @@ def test_a_keys_lone_round_is_cut_while_another_key_has_work_queued(cycle):
     assert [p.kind for p in step.passes] == ["rounds"]
     assert cut.draft_verified == 1 and cut.tokens == mallory_next[:2]
     check_engine(cycle.engine)
+
+
+class NeverDone:
+    """Masks still being computed."""
+
+    def done(self) -> bool:
+        return False
+
+    def result(self):
+        raise AssertionError("not done")
+
+
+def eves_round(session_id: str, n_past: int, draft: list[int]) -> Job:
+    request = VerifyRequest(session_id=session_id, n_past=n_past, draft_tokens=draft)
+    return Job("eve", session_id, request=request, round_key=round_key(request))
+
+
+@pytest.mark.parametrize("eves", ["a replay", "404", "409", "400", "held for its masks"])
+def test_refusals_replays_and_rounds_waiting_for_masks_make_no_key_present(
+    monkeypatch, clock, eves
+):
+    runtime = FakeRuntime(n_seq_max=4, n_batch=128, n_ctx_per_seq=256)
+    engine = make_engine(runtime, max_draft=16)
+    cycle = CycleStep(engine, lambda owner, fn: NeverDone(), KeysPresent(WINDOW_S, clock))
+    monkeypatch.setattr(engine.advisor, "advise", lambda *args, **kwargs: 1)
+    (eve, held, mallory), _ = sessions(cycle, "eve", "eve", "mallory")
+    eve_id, eve_n_past = eve.response.session_id, len(eve.session.tokens)
+    answered = eves_round(eve_id, eve_n_past, [])
+    cycle.step([answered])
+    held.session.constraint = Script([3, 5, 7])  # its rounds' masks are never done
+    clock.now += WINDOW_S  # eve's last round decoded is a window behind
+    job = {
+        "a replay": replay(answered),
+        "404": eves_round("no such session", eve_n_past, []),
+        "409": eves_round(eve_id, eve_n_past, [1]),  # n_past no longer the session's
+        "400": eves_round(eve_id, len(eve.session.tokens), [runtime.n_vocab + 1]),
+        "held for its masks": eves_round(held.response.session_id, len(held.session.tokens), [3]),
+    }[eves]
+    expected = runtime.reference_greedy(mallory.response.prompt_ids, 18)
+    beside = round_job(mallory, expected[:8], "mallory")
+    answers = dict(cycle.step([job, beside]).answers)
+    if eves == "a replay":
+        assert answers[job] == engine.session(eve_id, "eve").last_response
+    elif eves == "held for its masks":
+        assert job not in answers
+    else:
+        assert isinstance(answers[job], APIError) and answers[job].status_code == int(eves)
+    after = round_job(mallory, expected[9:17], "mallory")  # in a step of its own, after
+    answers |= dict(cycle.step([after]).answers)
+    for mine in (beside, after):
+        assert answers[mine].draft_verified is None and answers[mine].accepted_prefix_len == 8
+    check_engine(engine)
 
 
 def test_with_no_window_only_keys_with_work_queued_are_present(monkeypatch, clock):

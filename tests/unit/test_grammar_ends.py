@@ -9,22 +9,29 @@ llguidance's own."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
+import json
 import time
-from typing import Optional, Union
+import uuid
+from typing import Literal, Optional, Union
 
 import llguidance
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llguidance import gbnf_to_lark
-from pydantic import BaseModel
+from pydantic import BaseModel, HttpUrl, confloat, conint, conlist, constr
 
 from scripts.bench_grammar_check import chained_gbnf, chained_lark_terminals
 from server.shared import grammar_text
 from server.shared.constraint import compile_grammar
 from server.shared.grammar_ends import NEVER_ENDS, grammar_end, never_ends
+from server.shared.grammar_leaves import FORMAT_TEXTS
 from server.shared.grammar_text import CheckTimeout, _is_lark_syntax, grammar_bounds, lark_of_gbnf
 from server.shared.json_schemas import held_schema
+from tests.fixtures.byte_grammar import allows
 
 # A random grammar: rules named r0..rn, each a list of alternatives, each a list of
 # symbols: a rule's index, or None for a terminal.
@@ -419,3 +426,143 @@ def test_grammars_whose_end_the_check_cannot_prove(kind, source):
 def test_grammars_the_check_proves_can_end(kind, source):
     grammar = source if kind in ("json_schema", "regex") else llguidance.grammar_from(kind, source)
     assert grammar_end(kind, grammar, source) == "ends"
+
+
+# Review of issue 64: leaves that match nothing are no way to end (grammar_leaves.py).
+def recursive_schema(way_out: dict) -> dict:
+    """An object whose one required key is itself or `way_out`: it ends only through it."""
+    return {
+        "type": "object",
+        "properties": {"a": {"anyOf": [{"$ref": "#"}, way_out]}},
+        "required": ["a"],
+    }
+
+
+NOTHING = r"[^\s\S]"
+
+
+@pytest.mark.parametrize(
+    "kind,source,ending",
+    [
+        ("lark", f'start: "a" start | E\nE: /{NOTHING}/', "never"),
+        ("lark", f'start: "a" start | /{NOTHING}/', "never"),
+        ("lark", 'start: "a" start | E\nE: "b" /[^\\x00-\\U0010ffff]/+', "never"),
+        ("lark", 'start: "a" start | E\nE: F | "b" F\nF: /[^\\d\\D]/', "never"),
+        ("lark", f'start: "a" start | E\nE: /b/ /{NOTHING}/?', "ends"),  # an optional nothing
+        ("lark", 'start: "a" start | E\nE: /b/ & /c/', "unknown"),  # llguidance's `&`
+        ("lark", 'start: "a" start | E\nE: ~/b/', "unknown"),  # and its `~`
+        ("lark", 'start: "a" start | E\nE: /(?=b)c/', "unknown"),  # a lookaround
+        ("lark", 'start: "a" start | E\nE: /[\\p{L}--a]/', "unknown"),  # Rust's set syntax
+        ("lark", 'start: "a" start | E\nE: /\\p{L}+/ | "x"', "ends"),
+        ("lark", 'start: "a" start | E\nE: /\\p{L}+/', "ends"),
+        ("lark", 'start: "a" start | E\nE: /[a-z_][a-z0-9_]*/i', "ends"),
+        ("lark", 'start: "a" start | E\nE: /"(\\\\.|[^"\\\\])*"/', "ends"),
+        ("lark", 'start: "a" start | E\nE: "0".."9"+', "ends"),
+        ("lark", 'start: "a" start | E\nE.2: /[^a]/', "ends"),
+        ("regex", "[0-9]+(\\.[0-9]+)?", "ends"),
+    ],
+)
+def test_a_terminal_that_matches_nothing_is_no_way_to_end(kind, source, ending):
+    grammar = source if kind == "regex" else llguidance.grammar_from(kind, source)
+    assert grammar_end(kind, grammar) == ending
+
+
+@pytest.mark.parametrize(
+    "way_out",
+    [
+        {"type": "integer", "minimum": 5, "maximum": 3},
+        {"type": "integer", "minimum": 1.5, "maximum": 1.7},  # no integer between
+        {"type": "integer", "minimum": 1, "maximum": 9, "multipleOf": 10},
+        {"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 3},
+        {"type": "number", "minimum": 3, "exclusiveMaximum": 3},
+        {"type": "number", "minimum": 0.05, "maximum": 0.07, "multipleOf": 0.1},
+        {"type": "string", "minLength": 5, "maxLength": 2},
+        {"type": "string", "pattern": NOTHING},
+        {"type": "array", "minItems": 3, "maxItems": 1},
+        {"type": "object", "minProperties": 2, "maxProperties": 1},
+        {"type": "integer", "enum": ["a", "b"]},
+        {"type": "string", "const": 3},
+        {"enum": []},
+        {"type": ["integer", "string"], "minimum": 5, "maximum": 3, "minLength": 2, "maxLength": 1},
+    ],
+)
+def test_a_schema_whose_only_way_out_is_a_leaf_that_matches_nothing_never_ends(way_out):
+    assert grammar_end("json_schema", "", recursive_schema(way_out)) == "never"
+
+
+@pytest.mark.parametrize(
+    "way_out",
+    [
+        {"type": "string", "pattern": "^(?=a)b"},  # a lookaround: not read
+        {"type": "string", "pattern": "[a-z]{5}", "maxLength": 3},  # a pattern beside lengths
+        {"type": "string", "format": "email", "maxLength": 3},
+        {"type": "string", "format": "date", "pattern": "x"},
+        {"type": "integer", "const": 3, "minimum": 5},  # a value out of its own bounds
+        {"type": "string", "pattern": "[[:alpha:]]"},  # Rust's, read otherwise by Python
+    ],
+)
+def test_a_schema_whose_only_way_out_is_a_leaf_the_check_cannot_judge_is_unknown(way_out):
+    assert grammar_end("json_schema", "", recursive_schema(way_out)) == "unknown"
+
+
+@pytest.mark.parametrize(
+    "way_out",
+    [
+        {"type": "integer", "minimum": 3, "maximum": 3},
+        {"type": "integer", "exclusiveMinimum": 1.5, "exclusiveMaximum": 2.5},
+        {"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 3.001},
+        {"type": "number", "minimum": 0.05, "maximum": 0.1, "multipleOf": 0.1},
+        {"type": "string", "minLength": 2, "maxLength": 2},
+        {"type": "string", "pattern": "^[a-z]{3}-\\d+$", "minLength": 5, "maxLength": 9},
+        {"type": "string", "pattern": "\\p{Lu}\\w*"},
+        {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+        {"type": "string", "format": "date-time"},
+        {"type": "array", "minItems": 1, "maxItems": 1},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": ["integer", "null"], "minimum": 5, "maximum": 3},
+        {"type": "integer", "enum": ["a", 2]},
+        {"const": {"any": "value"}},
+    ],
+)
+def test_a_schema_whose_only_way_out_is_a_leaf_that_matches_something_ends(way_out):
+    assert grammar_end("json_schema", "", recursive_schema(way_out)) == "ends"
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Address(BaseModel):
+    street: constr(min_length=1, max_length=80)  # type: ignore[valid-type]
+    postcode: constr(pattern=r"^\d{5}(-\d{4})?$")  # type: ignore[valid-type]
+
+
+class Order(BaseModel):
+    id: uuid.UUID
+    placed: datetime.datetime
+    due: datetime.date
+    quantity: conint(ge=1, le=100)  # type: ignore[valid-type]
+    price: confloat(gt=0)  # type: ignore[valid-type]
+    total: decimal.Decimal
+    colour: Colour
+    kind: Literal["retail", "wholesale"]
+    site: HttpUrl
+    address: Address
+    lines: conlist(str, min_length=1, max_length=5)  # type: ignore[valid-type]
+    notes: Optional[str] = None  # noqa: UP045
+    refers_to: Optional[Order] = None  # noqa: UP045
+
+
+@pytest.mark.parametrize(
+    "schema", [Order.model_json_schema(), held_schema(Order.model_json_schema())]
+)
+def test_everyday_pydantic_leaves_end(schema):
+    assert grammar_end("json_schema", "", schema) == "ends"
+
+
+@pytest.mark.parametrize("name,text", sorted(FORMAT_TEXTS.items()))
+def test_each_format_read_is_llguidances_and_its_text_one_it_accepts(name, text):
+    grammar = compile_grammar("json_schema", {"type": "string", "format": name})
+    assert allows(grammar, json.dumps(text))

@@ -26,6 +26,8 @@ from tests.unit.test_cycle import open_session, round_job
 class OnlyTokens:
     """A grammar allowing `allowed` tokens anywhere: its masks, its commits."""
 
+    token_limit = None  # no bound on the tokens it allows
+
     def __init__(self, allowed: set[int], n_vocab: int, fail: str | None = None):
         self.allowed, self.n_vocab, self.fail = allowed, n_vocab, fail
         self.committed: list[int] = []

@@ -18,6 +18,8 @@ from server.verifier.kv.sessions import Session
 class Recorded:
     """Allows every token; remembers what it was handed."""
 
+    token_limit = None  # no bound on the tokens it allows
+
     def __init__(self):
         self.state: list[int] = []
 

@@ -35,6 +35,8 @@ class ChunkSteps:
         return self.wanted - self.committed
 
     def add(self, step: VerifyResponse) -> None:
+        if not self.steps and self.client_draft and step.draft_verified is not None:
+            self.client_draft = step.draft_verified  # verified less than sized: cut after
         self.steps.append(step)
         self.committed += len(step.tokens)
 

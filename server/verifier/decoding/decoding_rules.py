@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from server.shared.constraint import Constraint, GrammarError
+from server.shared.constraint import Constraint, GrammarError, GrammarTooSlow
 from server.shared.grammars import GrammarLimits, Grammars
 from server.shared.protocol import GenerateRequest, Grammar, PrefillRequest, PromptInput
 from server.verifier.decoding.checks import check_generated, check_prompt_len, check_token_ids
@@ -83,15 +83,19 @@ def prepared_constraint(
     prompt_ids: Sequence[int],
     owner: str = "",
     compile: bool = True,
+    row_budget_s: float = 0.0,
 ) -> Constraint | None:
     """The request's grammar state, after the generated tokens its prompt ends with (a
-    reopened session's); without `compile`, None where the grammar is not compiled
-    already. Thread-safe: the service prepares it in its grammar threads."""
+    reopened session's, each within `row_budget_s` on average: 0, no limit); without
+    `compile`, None where the grammar is not compiled already. Thread-safe: the service
+    prepares it in its grammar threads."""
     constraint = session_constraint(grammars, request.grammar, owner, compile)
     generated = getattr(request, "generated_tokens", 0)  # /generate's: none
     if constraint is not None and 0 < generated < len(prompt_ids):
         try:
-            constraint.commit(prompt_ids[-generated:])
+            constraint.commit(prompt_ids[-generated:], row_budget_s)
+        except GrammarTooSlow as exc:
+            raise InvalidGrammar(f"grammar: {exc}") from None
         except GrammarError as exc:
             raise InvalidGrammar(f"the generated tokens break the grammar: {exc}") from None
     return constraint

@@ -52,7 +52,7 @@ from server.verifier.decoding.decoding_rules import (
 from server.verifier.decoding.jobs import JobRows, Opened, PrefillWork, VerifyWork, Work
 from server.verifier.decoding.loading import Loaded
 from server.verifier.decoding.retile import Retiler
-from server.verifier.decoding.rounds import finish_round
+from server.verifier.decoding.rounds import bound_draft, finish_round
 from server.verifier.errors import (
     APIError,
     DecodeFailed,
@@ -210,6 +210,7 @@ class Engine:
             draft_probs = [(q := dense(row, n_vocab)) / q.sum() for row in request.draft_probs]
         work = VerifyWork(session, draft_tokens, draft_probs, session.n_cached, key, began)
         work.lookup = request.draft_kind == "lookup"
+        bound_draft(work)  # before the session holds it: a refusal leaves nothing to undo
         session.work = work
         return work
 

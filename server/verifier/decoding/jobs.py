@@ -53,6 +53,10 @@ class VerifyWork:
     masks: np.ndarray | None = None  # the grammar's, computed before the round began
     copied: Copy | None = None  # its draft is the verifier's own copy, no client's
     advise: bool = True  # its answer carries advice (a chunk's steps do not: the chunk's does)
+    # Its draft is the client's own (a round's, or a lookup's in a chunk's first step): cut
+    # to share the verifier fairly (fair_share.py). Not the verifier's copies, nor a
+    # chunk's later steps.
+    client_drafted: bool = True
     lookup: bool = False  # its draft is a client's lookup (draft_kind): not a draft model's
     verified: int | None = None  # where the draft was cut to share a pass: what it kept
 

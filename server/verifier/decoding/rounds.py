@@ -130,6 +130,18 @@ def grammar_step(step: Callable[[], T]) -> T:
         raise InvalidGrammar(f"the grammar failed here: {exc}") from None
 
 
+def bound_draft(work: VerifyWork) -> None:
+    """The round's draft cut to the room its session's grammar bound leaves (a prefix of
+    a draft is judged as the whole is, and the answer says what was verified); a round of
+    a session at its bound is refused (400 grammar_token_limit)."""
+    constraint = work.session.constraint
+    if constraint is None or constraint.token_limit is None:
+        return
+    keep = grammar_step(lambda: constraint.draft_room(len(work.draft_tokens)))
+    if keep < len(work.draft_tokens):
+        work.cut(keep)
+
+
 def _committed(constraint: Constraint | None, tokens: list[int]) -> Callable[[], None]:
     """The round's tokens consumed by the grammar (it undoes itself if that fails); what
     undoes them."""

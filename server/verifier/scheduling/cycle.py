@@ -179,20 +179,21 @@ class CycleStep:
         out = Step()
         if not queued:
             return out
-        self.present.seen(job.owner for job in queued if job.request is not None)
+        decoding = set[str]()  # keys with a round or a prompt begun: decoded, or queued for it
         pinned = bool(self.engine.shapes.pinned_width)
         # A prompt's turn begins no round: a round begun is decoded in the same step, so
         # none is left begun in the engine while its request may go away.
         prompt_turn = self.prompt_next and not pinned and any(_is_prompt(j) for j in queued)
         try:
             rounds, prompts = self._begin_all(queued, out, begin_rounds=not prompt_turn)
+            decoding = {job.owner for job in rounds + prompts}
             if pinned:
                 self._decode(rounds + prompts, out)
             elif prompt_turn or not rounds:
                 self._decode(self.turns.next(prompts), out, interleaved=prompt_turn)
                 self.prompt_next = False
             else:
-                self._share_fairly(rounds, queued)
+                self._share_fairly(rounds, decoding)
                 self._decode(rounds, out)
                 self.prompt_next = bool(prompts)
         except Exception as exc:
@@ -202,16 +203,18 @@ class CycleStep:
             for job in queued:
                 if id(job) not in answered:
                     out.answer(job, self.fail(job, error))
-        self.present.seen(job.owner for job, _ in out.answers if job.request is not None)
+        # Only work decoded makes a key present: a refusal, a replay or a round waiting
+        # for its masks widens no pass, so sending them cuts no other key's drafts.
+        self.present.seen(decoding)
         return out
 
-    def _share_fairly(self, rounds: Sequence[Job], queued: Sequence[Job]) -> None:
+    def _share_fairly(self, rounds: Sequence[Job], decoding: set[str]) -> None:
         """Each client's draft cut to its session's advice while another API key is
-        present: a round or a prompt of it queued now, or one seen lately (fair_share.py).
-        Pinned, every session's rows are decoded anyway: `step` does not call this."""
+        present: a round or a prompt of it begun now (`decoding`), or one decoded lately
+        (fair_share.py). Pinned, every session's rows are decoded anyway: `step` does not
+        call this."""
         works = [job.work for job in rounds if isinstance(job.work, VerifyWork)]
-        present = self.present.recent() | {job.owner for job in queued if job.request is not None}
-        share_fairly(works, present, self._advice)
+        share_fairly(works, self.present.recent() | decoding, self._advice)
 
     def _advice(self, session: Session) -> int | None:
         engine = self.engine
@@ -308,6 +311,8 @@ class CycleStep:
                 out.answer(job, work)
                 return False
             job.work, work.copied, work.advise = work, copy, job.chunk is None
+            # A lookup's draft in a chunk's first step is the client's as a round's is.
+            work.client_drafted = copy is None and (job.chunk is None or not job.chunk.steps)
             if job.masks is not None and job.masks_for == key:
                 work.masks = job.masks.result()  # a grammar that failed: its 400
             return True

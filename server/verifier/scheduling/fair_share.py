@@ -5,15 +5,20 @@ for it: one key's long drafts would make every other key's round wait for rows i
 asked for, whether those rounds share the long pass or arrive while it runs. So while
 more than one key is present on the verifier, each client's draft is verified only as
 far as the draft the verifier advises its session (at least one token). A key is
-present while it has a round or a prompt queued, and for `window_s` seconds after one
-was last queued or answered: a client's next round arrives a moment after its answer,
-usually while the next pass runs, and that pass is the one it waits for. Alone, a key's
-drafts are verified whole: its long drafts cost only itself.
+present while it has a round or a prompt being decoded (begun, past its checks), and for
+`window_s` seconds after one was: a client's next round arrives a moment after its
+answer, usually while the next pass runs, and that pass is the one it waits for. What
+widens no pass makes no key present: a refused round, a replay answered from its record,
+a round waiting for its grammar's masks. Alone, a key's drafts are verified whole: its
+long drafts cost only itself.
 
-Never cut: the verifier's own copies, a chunk's steps (their answer is the chunk's), and
-any round while the advice is unknown. A grammar's round keeps its masks' first rows.
-The cut round says what it verified (`draft_verified`); a prefix of a draft is judged as
-the whole is, so the answer is the verifier's either way.
+Cut: every draft of the client's, a lookup the verifier sizes (draft_accept) too, where
+it is a chunk's first step. Never cut: the verifier's own copies, a chunk's later steps
+(no draft of the client's), and any round while the advice is unknown. A grammar's round keeps its
+masks' first rows. The cut round says what it verified (`draft_verified`), a replay gets
+the same answer, and a prefix of a draft is judged as the whole is: the answer is the
+verifier's either way (greedy's tokens the same, sampled ones from its distribution; what
+a seed repeats under a cut: docs/sampling.md). No session is exempt, a seeded one neither.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ Advice = Callable[[Session], int | None]  # the draft the verifier advises a ses
 
 
 class KeysPresent:
-    """When each API key last had a round or a prompt queued or answered (`seen`), and
+    """When each API key last had a round or a prompt decoded (`seen`), and
     which keys were seen within the last `window_s` seconds of `clock` (`recent`)."""
 
     def __init__(self, window_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
@@ -71,7 +76,7 @@ def share_fairly(works: Sequence[VerifyWork], present: Iterable[str], advice: Ad
     if not shares_the_verifier((work.session.owner for work in works), present):
         return
     for work in works:
-        if work.copied or not work.advise:
+        if work.copied or not work.client_drafted:
             continue
         keep = verified_length(len(work.draft_tokens), advice(work.session))
         if keep < len(work.draft_tokens):

@@ -9,8 +9,8 @@ Where each part runs:
   only (tests/unit/test_service_boundary.py holds this);
 - the grammar threads: a new session's grammar state (`Grammars` is thread-safe; the
   state is no session's until the prefill that carries it begins), a copy of one its key
-  has compiled already in one, a compile in the other: a key's copy never waits for
-  another key's compile.
+  has compiled already in one, a compile (or a reopened session's state, which takes its
+  generated tokens) in the other: a key's copy never waits for another key's grammar.
 """
 
 from __future__ import annotations
@@ -84,21 +84,25 @@ class VerifierService:
         """The request with its prompt text tokenized (in the text pool, TEXTS_PER_KEY a
         key) and its grammar's state for the session: a copy where the key has it compiled
         (in the copy pool), or compiled (in the grammar pool: one at a time); each pool
-        serves keys in turn, GRAMMARS_PER_KEY a key. The engine thread only ever sees token
-        ids and compiled grammars. A text that cannot fit is refused untokenized; work past
-        a key's share is refused (503, to retry)."""
+        serves keys in turn, GRAMMARS_PER_KEY a key. A reopened session's state takes its
+        generated tokens, each within the grammar's row budget, in the grammar pool: the
+        copy pool only copies, so no key's grammar holds another key's copy. The engine
+        thread only ever sees token ids and compiled grammars. A text that cannot fit is
+        refused untokenized; work past a key's share is refused (503, to retry)."""
         if request.prompt is not None:
             request = await self._tokenized(request, owner)
         if request.grammar is None:
             return request, None
         grammars, prompt_ids = self.engine.grammars, request.prompt_tokens
+        budget = self.engine.grammar_row_s
 
         def prepared(compile: bool) -> Constraint | None:
-            return prepared_constraint(grammars, request, prompt_ids, owner, compile)
+            return prepared_constraint(grammars, request, prompt_ids, owner, compile, budget)
 
-        copied = await asyncio.wrap_future(self._copy_pool.submit(owner, lambda: prepared(False)))
-        if copied is not None:
-            return request, copied
+        if not getattr(request, "generated_tokens", 0):  # /generate's: none
+            copy = self._copy_pool.submit(owner, lambda: prepared(False))
+            if (copied := await asyncio.wrap_future(copy)) is not None:
+                return request, copied
         compiled = self._grammar_pool.submit(owner, lambda: prepared(True))
         return request, await asyncio.wrap_future(compiled)
 
