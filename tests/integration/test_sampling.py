@@ -4,8 +4,9 @@ Over 2,000 seeded runs each, the first two generated tokens must follow the veri
 exact joint distribution (computed from its logits): for sample-and-match on plain rows,
 and for rejection sampling on rows penalised, biased and masked by a grammar all at once
 (each adjustment changes the distribution the draft is judged against; a slip in any one
-moves the pairs). Drafting ahead and rounds without a draft are in
-test_sampling_rounds.py. A seed must reproduce its output; the lossy strategy must say so.
+moves the pairs). Over 1,000, a round without a draft before a drafted one keeps the
+first three tokens the verifier's. Drafting ahead is in test_sampling_rounds.py. A seed
+must reproduce its output; the lossy strategy must say so.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from tests.conftest import TEST_THREADS
 from tests.fixtures.sampling import (
     RUNS,
     chi_square_pvalue,
+    first_tokens,
     joint_of_first_two,
     last_logits,
     masked_after,
     sampled_pairs,
     sampling_for,
 )
+from tests.fixtures.scripted_length import ScriptedLength
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +218,27 @@ def test_a_confidence_cut_never_shortens_a_sampled_draft(draft_model, prompt_ids
     draft_model.configure(DraftPolicy(sampling_for(None), sample_drafts=False, p_min=0.999))
     assert len(draft_model.get_candidates(prompt_ids, k).tokens) < k  # the cut is on
     draft_model.configure(DraftPolicy(sampling_for(None), sample_drafts=False))
+
+
+def test_a_chunk_then_a_draft_keeps_sampling_exact(
+    live_verifier, draft_model, prompt_ids, exact_joint, exact_third
+):
+    """A round without a draft that asks for two of the verifier's own tokens, then a
+    round with a draft (what `auto` switches between): the first two tokens, sampled by
+    the verifier in the chunk, and the third, judged against a draft, follow the verifier."""
+    runs = RUNS // 2  # each run is three rounds: half the draws keep the suite's time
+    pairs: dict[tuple[int, int], int] = {}
+    thirds: dict[int, int] = {}
+    with VerifierClient(live_verifier.url) as client:
+        for seed in range(runs):
+            script = ScriptedLength([(0, 2), (1, 1)])
+            tokens, stats = first_tokens(
+                client, draft_model, prompt_ids, "rejection", seed, n=4, draft_n=script
+            )
+            assert stats.tokens_without_draft >= 2  # the chunk, and maybe a last round
+            pairs[tokens[:2]] = pairs.get(tokens[:2], 0) + 1
+            thirds[tokens[2]] = thirds.get(tokens[2], 0) + 1
+    assert set(pairs) <= set(exact_joint) and set(thirds) <= set(exact_third)
+    for counts, exact in ((pairs, exact_joint), (thirds, exact_third)):
+        pvalue = chi_square_pvalue(counts, exact, runs)
+        assert pvalue > 1e-3, (pvalue, counts)
