@@ -31,8 +31,10 @@ def round_job(opened: Opened, draft: list[int], owner: str = "a") -> Job:
     return Job(owner, request.session_id, request=request, round_key=round_key(request))
 
 
-def open_session(cycle: CycleStep, text: str, owner: str = "a") -> Opened:
+def open_session(cycle: CycleStep, text: str, owner: str = "a", constraint=None) -> Opened:
+    """A session of `text`'s prompt (under `constraint`, a grammar's state, if given)."""
     job = prompt_job(text, owner)
+    job.constraint = constraint
     for _ in range(16):
         answers = dict(cycle.step([job]).answers)
         if job in answers:

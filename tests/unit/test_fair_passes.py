@@ -18,7 +18,6 @@ from server.shared.protocol import (
     SamplingParams,
     Strategy,
     VerifyRequest,
-    VerifyResponse,
 )
 from server.verifier.decoding.checks import round_key
 from server.verifier.errors import APIError
@@ -33,6 +32,7 @@ from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import core_settings, make_engine, stepped_scheduler
 from tests.unit.test_copy_draft import CpuLikeCost, RepeatingRuntime
 from tests.unit.test_cycle import open_session, prompt_job, round_job
+from tests.unit.test_lookup_sizing import answered
 
 WINDOW_S = 1.0  # how long a key counts as present after its last round or prompt
 
@@ -173,18 +173,6 @@ def lookup_job(opened, draft: list[int], owner: str, accept: float, chunk: int |
         chunk_tokens=chunk,
     )
     return Job(owner, request.session_id, request=request, round_key=round_key(request))
-
-
-def answered(cycle: CycleStep, job: Job, copies: list | None = None) -> VerifyResponse:
-    """A chunk's answer, a step at a time (`copies`: the verifier's own, added to)."""
-    for _ in range(16):
-        step = cycle.step([job])
-        if copies is not None:
-            copies += step.copies
-        answers = dict(step.answers)
-        if job in answers:
-            return answers[job]
-    raise AssertionError("never answered")
 
 
 @pytest.mark.parametrize("chunk", [None, 4])

@@ -22,7 +22,7 @@ from tests.fixtures.byte_grammar import END, TOKENIZER
 from tests.fixtures.fake_runtime import FakeRuntime
 from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import make_engine
-from tests.unit.test_cycle import round_job
+from tests.unit.test_cycle import open_session, round_job
 
 # Its only end is through a rule the check does not read (llguidance's `%json`).
 UNPROVEN = 'start: "a" start | tail\ntail: %json {"type": "string"}'
@@ -88,14 +88,8 @@ def bounded_cycle():
 
 
 def open_bounded(cycle: CycleStep, shelf: Grammars) -> Opened:
-    job = Job("a", None, request=PrefillRequest(prompt="under a grammar"))
-    job.constraint = shelf.constraint("lark", LOW_UNPROVEN, "a")
-    for _ in range(16):
-        answers = dict(cycle.step([job]).answers)
-        if job in answers:
-            assert isinstance(answers[job], Opened), answers[job]
-            return answers[job]
-    raise AssertionError("the prompt never finished")
+    constraint = shelf.constraint("lark", LOW_UNPROVEN, "a")
+    return open_session(cycle, "under a grammar", constraint=constraint)
 
 
 def answer(cycle: CycleStep, job: Job):
