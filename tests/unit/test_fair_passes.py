@@ -32,7 +32,7 @@ from tests.fixtures.invariants import check_engine
 from tests.fixtures.stepped import core_settings, make_engine, stepped_scheduler
 from tests.unit.test_copy_draft import CpuLikeCost, RepeatingRuntime
 from tests.unit.test_cycle import open_session, prompt_job, round_job
-from tests.unit.test_lookup_sizing import answered
+from tests.unit.test_lookup_sizing import answered, sized_job
 
 WINDOW_S = 1.0  # how long a key counts as present after its last round or prompt
 
@@ -163,16 +163,7 @@ def test_a_grammars_round_cut_keeps_its_masks_first_rows(cycle, clock):
 
 
 def lookup_job(opened, draft: list[int], owner: str, accept: float, chunk: int | None = None):
-    """A round marked as a lookup the verifier sizes (draft_accept): a chunk's first step."""
-    request = VerifyRequest(
-        session_id=opened.response.session_id,
-        n_past=len(opened.session.tokens),
-        draft_tokens=draft,
-        draft_kind="lookup",
-        draft_accept=accept,
-        chunk_tokens=chunk,
-    )
-    return Job(owner, request.session_id, request=request, round_key=round_key(request))
+    return sized_job(opened, draft, accept, chunk, owner)
 
 
 @pytest.mark.parametrize("chunk", [None, 4])

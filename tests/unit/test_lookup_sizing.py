@@ -35,7 +35,10 @@ from tests.unit.test_copy_draft import CpuLikeCost, RepeatingRuntime, Session
 from tests.unit.test_cycle import open_session
 
 
-def sized_job(opened, draft: list[int], accept: float, chunk: int | None = None) -> Job:
+def sized_job(
+    opened, draft: list[int], accept: float, chunk: int | None = None, owner: str = "a"
+) -> Job:
+    """A round marked as a lookup the verifier sizes (draft_accept): a chunk's first step."""
     request = VerifyRequest(
         session_id=opened.response.session_id,
         n_past=len(opened.session.tokens),
@@ -44,7 +47,7 @@ def sized_job(opened, draft: list[int], accept: float, chunk: int | None = None)
         draft_accept=accept,
         chunk_tokens=chunk,
     )
-    return Job("a", request.session_id, request=request, round_key=round_key(request))
+    return Job(owner, request.session_id, request=request, round_key=round_key(request))
 
 
 def answered(cycle: CycleStep, job: Job, copies: list | None = None) -> VerifyResponse:
